@@ -1,0 +1,515 @@
+//! MIG rules of the simulated driver: mode changes, GPU/compute instance creation and placement.
+//!
+//! Follows the behaviour `nvml.h` documents for each call, including the error codes. The driver's
+//! default placement (used when no placement is given) is order dependent: it takes the highest free
+//! valid start. That reproduces the documented observations (the first 1g lands at slot 6;
+//! `19,19,14,9` fails while `9,19,14,19` works); beyond those observations it is *presumed*.
+
+use crate::state::{SimCi, SimGi, SimGpu};
+use gpuops_catalog::{GiProfile, MigGeometry};
+
+/// The NVML return codes the simulator produces (values from `nvml.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NvmlCode {
+    Uninitialized = 1,
+    InvalidArgument = 2,
+    NotSupported = 3,
+    NoPermission = 4,
+    NotFound = 6,
+    InsufficientSize = 7,
+    DriverNotLoaded = 9,
+    Timeout = 10,
+    GpuIsLost = 15,
+    InUse = 19,
+    ArgumentVersionMismatch = 25,
+    InsufficientResources = 23,
+    Unknown = 999,
+}
+
+impl NvmlCode {
+    /// The numeric `nvmlReturn_t`.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// `NVML_COMPUTE_INSTANCE_PROFILE_*` enum (== CI profile id) for a CI of `slices` compute slices.
+pub fn ci_profile_for_slices(slices: u32) -> Option<u32> {
+    match slices {
+        1 => Some(0),
+        2 => Some(1),
+        3 => Some(2),
+        4 => Some(3),
+        7 => Some(4),
+        8 => Some(5),
+        6 => Some(6),
+        _ => None,
+    }
+}
+
+/// Compute slices of a CI profile enum/id (the inverse of [`ci_profile_for_slices`]).
+pub fn ci_slices_for_profile(profile: u32) -> Option<u32> {
+    match profile {
+        0 => Some(1),
+        1 => Some(2),
+        2 => Some(3),
+        3 => Some(4),
+        4 => Some(7),
+        5 => Some(8),
+        6 => Some(6),
+        _ => None,
+    }
+}
+
+/// What `nvmlGpuInstanceGetComputeInstanceProfileInfo` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CiProfileInfo {
+    pub id: u32,
+    pub slice_count: u32,
+    pub instance_count: u32,
+    pub sm_count: u32,
+}
+
+/// Number of distinct GPU-instance profile enums (`NVML_GPU_INSTANCE_PROFILE_COUNT`).
+pub const GI_PROFILE_ENUM_COUNT: u32 = 17;
+/// Number of distinct compute-instance profile enums (`NVML_COMPUTE_INSTANCE_PROFILE_COUNT`).
+pub const CI_PROFILE_ENUM_COUNT: u32 = 8;
+
+impl SimGpu {
+    /// `Err(GpuIsLost)` once the GPU fell off the bus: every call on it fails so.
+    pub fn live(&self) -> Result<(), NvmlCode> {
+        if self.lost {
+            Err(NvmlCode::GpuIsLost)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The MIG geometry; `NotSupported` on GPUs without MIG.
+    pub fn mig_geometry(&self) -> Result<&'static MigGeometry, NvmlCode> {
+        self.live()?;
+        self.catalog()
+            .and_then(|m| m.mig.as_ref())
+            .ok_or(NvmlCode::NotSupported)
+    }
+
+    fn require_mig_enabled(&self) -> Result<&'static MigGeometry, NvmlCode> {
+        let geometry = self.mig_geometry()?;
+        if self.mig_current {
+            Ok(geometry)
+        } else {
+            Err(NvmlCode::NotSupported)
+        }
+    }
+
+    /// `nvmlDeviceSetMigMode`: applies at once (the simulated node is bare metal, where the driver
+    /// resets the GPU itself); refuses while processes run or GPU instances exist.
+    pub fn set_mig_mode(&mut self, enable: bool) -> Result<(), NvmlCode> {
+        self.mig_geometry()?;
+        if !self.processes.is_empty() || !self.gpu_instances.is_empty() {
+            return Err(NvmlCode::InUse);
+        }
+        self.mig_current = enable;
+        self.mig_pending = enable;
+        Ok(())
+    }
+
+    /// `nvmlDeviceGetGpuInstanceProfileInfo`: by profile *enum*.
+    pub fn gi_profile_by_enum(&self, profile_enum: u32) -> Result<&'static GiProfile, NvmlCode> {
+        if profile_enum >= GI_PROFILE_ENUM_COUNT {
+            return Err(NvmlCode::InvalidArgument);
+        }
+        let geometry = self.mig_geometry()?;
+        geometry
+            .gi_profiles
+            .iter()
+            .find(|p| p.nvml_enum == profile_enum)
+            .ok_or(NvmlCode::NotSupported)
+    }
+
+    /// A GI profile by its NVML *id* (what create/list/placement calls take).
+    pub fn gi_profile_by_id(&self, profile_id: u32) -> Result<&'static GiProfile, NvmlCode> {
+        let geometry = self.mig_geometry()?;
+        geometry
+            .gi_profiles
+            .iter()
+            .find(|p| p.nvml_id == profile_id)
+            .ok_or(NvmlCode::InvalidArgument)
+    }
+
+    fn profile_of(&self, gi: &SimGi) -> Option<&'static GiProfile> {
+        self.catalog()?.gi_profile_by_id(gi.profile_id)
+    }
+
+    fn memory_free(&self, start: u32, size: u32) -> bool {
+        self.gpu_instances
+            .iter()
+            .all(|gi| start + size <= gi.start || gi.start + gi.size <= start)
+    }
+
+    fn compute_slices_used(&self) -> u32 {
+        self.gpu_instances
+            .iter()
+            .filter_map(|gi| self.profile_of(gi))
+            .map(|p| p.compute_slices)
+            .sum()
+    }
+
+    fn count_of(&self, profile_id: u32) -> u32 {
+        self.gpu_instances
+            .iter()
+            .filter(|gi| gi.profile_id == profile_id)
+            .count() as u32
+    }
+
+    /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2`: every valid placement, free or not.
+    pub fn possible_placements(&self, profile_id: u32) -> Result<Vec<(u32, u32)>, NvmlCode> {
+        self.require_mig_enabled()?;
+        let p = self.gi_profile_by_id(profile_id)?;
+        Ok(p.placement_starts
+            .iter()
+            .map(|&s| (s, p.memory_slices))
+            .collect())
+    }
+
+    /// `nvmlDeviceGetGpuInstanceRemainingCapacity`: how many more instances of the profile fit now.
+    pub fn remaining_capacity(&self, profile_id: u32) -> Result<u32, NvmlCode> {
+        let geometry = self.require_mig_enabled()?;
+        let p = self.gi_profile_by_id(profile_id)?;
+        let mut taken: Vec<(u32, u32)> = self
+            .gpu_instances
+            .iter()
+            .map(|g| (g.start, g.size))
+            .collect();
+        let mut compute_left = geometry
+            .compute_slices
+            .saturating_sub(self.compute_slices_used());
+        let mut left = p.max_count.saturating_sub(self.count_of(profile_id));
+        let mut fits = 0;
+        // Same-size aligned intervals: taking the lowest free start first is optimal.
+        for &start in p.placement_starts {
+            if left == 0 || compute_left < p.compute_slices {
+                break;
+            }
+            let end = start + p.memory_slices;
+            if taken.iter().all(|&(s, z)| end <= s || s + z <= start) {
+                taken.push((start, p.memory_slices));
+                compute_left -= p.compute_slices;
+                left -= 1;
+                fits += 1;
+            }
+        }
+        Ok(fits)
+    }
+
+    /// `nvmlDeviceCreateGpuInstance[WithPlacement]`; returns the new GI id.
+    pub fn create_gi(&mut self, profile_id: u32, placement: Option<u32>) -> Result<u32, NvmlCode> {
+        let geometry = self.require_mig_enabled()?;
+        let p = self.gi_profile_by_id(profile_id)?;
+        if let Some(start) = placement
+            && !p.placement_starts.contains(&start)
+        {
+            return Err(NvmlCode::InvalidArgument);
+        }
+        if self.count_of(profile_id) >= p.max_count
+            || self.compute_slices_used() + p.compute_slices > geometry.compute_slices
+        {
+            return Err(NvmlCode::InsufficientResources);
+        }
+        let start = match placement {
+            Some(start) if self.memory_free(start, p.memory_slices) => start,
+            Some(_) => return Err(NvmlCode::InsufficientResources),
+            None => p
+                .placement_starts
+                .iter()
+                .rev()
+                .copied()
+                .find(|&s| self.memory_free(s, p.memory_slices))
+                .ok_or(NvmlCode::InsufficientResources)?,
+        };
+        let id = gi_id_for(geometry.memory_slices, start, p.memory_slices);
+        self.gpu_instances.push(SimGi {
+            id,
+            profile_id,
+            start,
+            size: p.memory_slices,
+            compute_instances: Vec::new(),
+        });
+        self.gpu_instances.sort_by_key(|g| g.id);
+        Ok(id)
+    }
+
+    /// The GI with this id.
+    pub fn gi(&self, gi_id: u32) -> Result<&SimGi, NvmlCode> {
+        self.live()?;
+        self.gpu_instances
+            .iter()
+            .find(|g| g.id == gi_id)
+            .ok_or(NvmlCode::InvalidArgument)
+    }
+
+    fn gi_mut(&mut self, gi_id: u32) -> Result<&mut SimGi, NvmlCode> {
+        self.live()?;
+        self.gpu_instances
+            .iter_mut()
+            .find(|g| g.id == gi_id)
+            .ok_or(NvmlCode::InvalidArgument)
+    }
+
+    /// `nvmlGpuInstanceDestroy`: refused while compute instances or processes remain.
+    pub fn destroy_gi(&mut self, gi_id: u32) -> Result<(), NvmlCode> {
+        let gi = self.gi(gi_id)?;
+        if !gi.compute_instances.is_empty() || self.processes.iter().any(|p| p.gi_id == Some(gi_id))
+        {
+            return Err(NvmlCode::InUse);
+        }
+        self.gpu_instances.retain(|g| g.id != gi_id);
+        Ok(())
+    }
+
+    /// GI compute slices and SM count, from the catalog profile.
+    fn gi_compute(&self, gi: &SimGi) -> Result<(u32, u32), NvmlCode> {
+        let p = self.profile_of(gi).ok_or(NvmlCode::Unknown)?;
+        Ok((p.compute_slices, p.sm_count))
+    }
+
+    /// `nvmlGpuInstanceGetComputeInstanceProfileInfo`: by CI profile enum.
+    pub fn ci_profile_info(&self, gi_id: u32, ci_enum: u32) -> Result<CiProfileInfo, NvmlCode> {
+        if ci_enum >= CI_PROFILE_ENUM_COUNT {
+            return Err(NvmlCode::InvalidArgument);
+        }
+        let gi = self.gi(gi_id)?;
+        let (g, gi_sms) = self.gi_compute(gi)?;
+        let c = ci_slices_for_profile(ci_enum).ok_or(NvmlCode::NotSupported)?;
+        if !gpuops_catalog::ci_sizes(g).contains(&c) {
+            return Err(NvmlCode::NotSupported);
+        }
+        // A CI of c slices gets the SMs of a c-slice GI, except the full-size CI, which gets them all.
+        let sm_count = if c == g {
+            gi_sms
+        } else {
+            self.catalog()
+                .and_then(|m| m.mig.as_ref())
+                .and_then(|geo| geo.gi_profiles.iter().find(|p| p.compute_slices == c))
+                .map_or(gi_sms * c / g, |p| p.sm_count.min(gi_sms))
+        };
+        Ok(CiProfileInfo {
+            id: ci_enum,
+            slice_count: c,
+            instance_count: g / c,
+            sm_count,
+        })
+    }
+
+    /// `nvmlGpuInstanceCreateComputeInstance[WithPlacement]`; returns the new CI id.
+    pub fn create_ci(
+        &mut self,
+        gi_id: u32,
+        ci_profile_id: u32,
+        placement: Option<u32>,
+        uuid: String,
+    ) -> Result<u32, NvmlCode> {
+        let info = self
+            .ci_profile_info(gi_id, ci_profile_id)
+            .map_err(|e| match e {
+                NvmlCode::NotSupported => NvmlCode::InvalidArgument,
+                other => other,
+            })?;
+        let (g, _) = self.gi_compute(self.gi(gi_id)?)?;
+        let c = info.slice_count;
+        let gi = self.gi_mut(gi_id)?;
+        let free = |start: u32| {
+            gi.compute_instances
+                .iter()
+                .all(|ci| start + c <= ci.start || ci.start + ci.size <= start)
+        };
+        let valid_starts: Vec<u32> = (0..g).step_by(c as usize).filter(|s| s + c <= g).collect();
+        let start = match placement {
+            Some(s) if !valid_starts.contains(&s) => return Err(NvmlCode::InvalidArgument),
+            Some(s) if free(s) => s,
+            Some(_) => return Err(NvmlCode::InsufficientResources),
+            None => valid_starts
+                .iter()
+                .copied()
+                .find(|&s| free(s))
+                .ok_or(NvmlCode::InsufficientResources)?,
+        };
+        let id = (0..)
+            .find(|i| gi.compute_instances.iter().all(|ci| ci.id != *i))
+            .unwrap_or(0);
+        gi.compute_instances.push(SimCi {
+            id,
+            profile_id: ci_profile_id,
+            start,
+            size: c,
+            uuid,
+        });
+        gi.compute_instances.sort_by_key(|ci| ci.id);
+        Ok(id)
+    }
+
+    /// `nvmlComputeInstanceDestroy`: refused while processes run in it.
+    pub fn destroy_ci(&mut self, gi_id: u32, ci_id: u32) -> Result<(), NvmlCode> {
+        if self
+            .processes
+            .iter()
+            .any(|p| p.gi_id == Some(gi_id) && p.ci_id == Some(ci_id))
+        {
+            return Err(NvmlCode::InUse);
+        }
+        let gi = self.gi_mut(gi_id)?;
+        let before = gi.compute_instances.len();
+        gi.compute_instances.retain(|ci| ci.id != ci_id);
+        if gi.compute_instances.len() == before {
+            return Err(NvmlCode::InvalidArgument);
+        }
+        Ok(())
+    }
+
+    /// MIG devices (GI id, CI id) in the order `nvmlDeviceGetMigDeviceHandleByIndex` walks them.
+    pub fn mig_devices(&self) -> Vec<(&SimGi, &SimCi)> {
+        if !self.mig_current {
+            return Vec::new();
+        }
+        self.gpu_instances
+            .iter()
+            .flat_map(|gi| gi.compute_instances.iter().map(move |ci| (gi, ci)))
+            .collect()
+    }
+
+    /// Memory (MiB) and SMs of the MIG device for (GI, CI).
+    pub fn mig_device_size(&self, gi: &SimGi, ci: &SimCi) -> (u64, u32) {
+        let memory = self.profile_of(gi).map_or(0, |p| p.memory_mib);
+        let sms = self
+            .ci_profile_info(gi.id, ci.profile_id)
+            .map_or(0, |i| i.sm_count);
+        (memory, sms)
+    }
+}
+
+/// GPU-instance ids follow the slice tree: the whole GPU is 0, halves 1-2, quarters 3-6, eighths
+/// 7-14 (A30: whole 0, halves 1-2, quarters 3-6). Matches `nvidia-smi mig -lgi` on A100/H100
+/// (7x 1g -> ids 7..13, 3g at 0/4 -> 1/2); *presumed* for other models.
+pub fn gi_id_for(total_slices: u32, start: u32, size: u32) -> u32 {
+    let parts = (total_slices / size.max(1)).max(1);
+    (parts - 1) + start / size.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Fleet, SimState};
+
+    fn h100() -> SimGpu {
+        let mut s = SimState::from_fleet(&Fleet::resolve("dgx-h100").unwrap(), 0).unwrap();
+        let mut g = s.gpus.remove(0);
+        g.set_mig_mode(true).unwrap();
+        g
+    }
+
+    fn starts(g: &SimGpu) -> Vec<(u32, u32)> {
+        g.gpu_instances
+            .iter()
+            .map(|gi| (gi.profile_id, gi.start))
+            .collect()
+    }
+
+    #[test]
+    fn default_placement_is_order_dependent_like_the_driver() {
+        let mut g = h100();
+        assert_eq!(g.create_gi(19, None), Ok(13)); // first 1g lands at slot 6
+        assert_eq!(g.gpu_instances[0].start, 6);
+        g.create_gi(19, None).unwrap();
+        g.create_gi(14, None).unwrap();
+        assert_eq!(g.create_gi(9, None), Err(NvmlCode::InsufficientResources));
+
+        let mut g = h100();
+        for p in [9, 19, 14, 19] {
+            g.create_gi(p, None).unwrap();
+        }
+        assert_eq!(g.gpu_instances.len(), 4);
+    }
+
+    #[test]
+    fn explicit_placements_and_their_errors() {
+        let mut g = h100();
+        assert_eq!(g.create_gi(5, Some(0)), Ok(1)); // 4g at 0
+        assert_eq!(
+            g.create_gi(9, Some(0)),
+            Err(NvmlCode::InsufficientResources)
+        );
+        assert_eq!(g.create_gi(9, Some(2)), Err(NvmlCode::InvalidArgument));
+        assert_eq!(g.create_gi(9, Some(4)), Ok(2));
+        assert_eq!(starts(&g), vec![(5, 0), (9, 4)]);
+        assert_eq!(g.remaining_capacity(19), Ok(0)); // compute slices exhausted (4 + 3)
+        assert_eq!(g.create_gi(1234, None), Err(NvmlCode::InvalidArgument));
+    }
+
+    #[test]
+    fn max_counts_and_remaining_capacity() {
+        let mut g = h100();
+        assert_eq!(g.remaining_capacity(19), Ok(7));
+        assert_eq!(g.remaining_capacity(20), Ok(1));
+        assert_eq!(g.remaining_capacity(15), Ok(4));
+        for _ in 0..7 {
+            g.create_gi(19, None).unwrap();
+        }
+        assert_eq!(g.create_gi(19, None), Err(NvmlCode::InsufficientResources));
+        let mut ids: Vec<u32> = g.gpu_instances.iter().map(|gi| gi.id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, vec![7, 8, 9, 10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn mig_mode_and_capability_errors() {
+        let mut s = SimState::from_fleet(&Fleet::resolve("l4x4").unwrap(), 0).unwrap();
+        assert_eq!(s.gpus[0].set_mig_mode(true), Err(NvmlCode::NotSupported));
+        let mut g = h100();
+        g.set_mig_mode(false).unwrap();
+        assert_eq!(g.create_gi(19, None), Err(NvmlCode::NotSupported));
+        g.set_mig_mode(true).unwrap();
+        g.create_gi(0, None).unwrap();
+        assert_eq!(g.set_mig_mode(false), Err(NvmlCode::InUse));
+        g.lost = true;
+        assert_eq!(g.create_gi(19, None), Err(NvmlCode::GpuIsLost));
+    }
+
+    #[test]
+    fn compute_instances_inside_a_gpu_instance() {
+        let mut g = h100();
+        let gi = g.create_gi(0, None).unwrap(); // 7g
+        assert_eq!(g.ci_profile_info(gi, 4).unwrap().sm_count, 132);
+        assert_eq!(g.ci_profile_info(gi, 5), Err(NvmlCode::NotSupported)); // 8 slices
+        let a = g.create_ci(gi, 2, None, "MIG-a".into()).unwrap(); // 3c at 0
+        let b = g.create_ci(gi, 2, None, "MIG-b".into()).unwrap(); // 3c at 3
+        assert_eq!((a, b), (0, 1));
+        assert_eq!(
+            g.create_ci(gi, 2, None, "MIG-c".into()),
+            Err(NvmlCode::InsufficientResources)
+        );
+        assert_eq!(g.mig_devices().len(), 2);
+        assert_eq!(g.destroy_gi(gi), Err(NvmlCode::InUse));
+        g.processes.push(crate::SimProcess {
+            pid: 1,
+            used_memory_mib: 1,
+            gi_id: Some(gi),
+            ci_id: Some(a),
+        });
+        assert_eq!(g.destroy_ci(gi, a), Err(NvmlCode::InUse));
+        g.processes.clear();
+        g.destroy_ci(gi, a).unwrap();
+        g.destroy_ci(gi, b).unwrap();
+        assert_eq!(g.destroy_ci(gi, b), Err(NvmlCode::InvalidArgument));
+        g.destroy_gi(gi).unwrap();
+        assert!(g.gpu_instances.is_empty());
+    }
+
+    #[test]
+    fn gi_ids_follow_the_slice_tree() {
+        assert_eq!(gi_id_for(8, 0, 8), 0);
+        assert_eq!(gi_id_for(8, 4, 4), 2);
+        assert_eq!(gi_id_for(8, 6, 2), 6);
+        assert_eq!(gi_id_for(8, 6, 1), 13);
+        assert_eq!(gi_id_for(4, 2, 2), 2);
+    }
+}
