@@ -210,3 +210,5 @@ pub fn render_gi_name(model: &GpuModel, profile: &GiProfile) -> String {
     }
     .to_string()
 }
+
+pub mod xid;

@@ -1,1 +1,65 @@
-fn main() {}
+//! gpuops: one binary for the GPU node agent, the cluster controller and the CLI.
+//!
+//! Installed as `kubectl-gpu` it also works as a kubectl plugin (`kubectl gpu ...`).
+
+mod cmd;
+mod gpu_source;
+mod output;
+mod watch;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Resilient, cost-effective GPU clusters on Kubernetes: node agent, MIG partitioning, metrics and
+/// diagnosis in one binary.
+///
+/// Start here without a GPU or a cluster:
+///   gpuops agent --simulate dgx-h100        run the node agent on a simulated 8x H100 node
+///   gpuops inventory --simulate dgx-h100    print what the agent sees, once
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuops",
+    version,
+    propagate_version = true,
+    verbatim_doc_comment
+)]
+struct Cli {
+    /// Log filter (e.g. `info`, `gpuops=debug`); also read from RUST_LOG.
+    #[arg(long, global = true, env = "GPUOPS_LOG", default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Agent(cmd::agent::Args),
+    Inventory(cmd::inventory::Args),
+    Sim(cmd::sim::Args),
+    Catalog(cmd::catalog::Args),
+}
+
+fn main() -> ExitCode {
+    // kubectl runs plugins as `kubectl-gpu`: same binary, same commands.
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Agent(args) => cmd::agent::run(args),
+        Command::Inventory(args) => cmd::inventory::run(args),
+        Command::Sim(args) => cmd::sim::run(args),
+        Command::Catalog(args) => cmd::catalog::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -465,7 +465,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryAffinity(
     })
 }
 
-fn other_gpu<'a>(state: &'a SimState, device: nvmlDevice_t) -> Result<&'a SimGpu, NvmlCode> {
+fn other_gpu(state: &SimState, device: nvmlDevice_t) -> Result<&SimGpu, NvmlCode> {
     match decode(device as usize) {
         Handle::Device { gpu } => {
             let g = state

@@ -96,14 +96,6 @@ fn poll(id: u64) -> Result<Option<nvmlEventData_t>, NvmlCode> {
     let mut guard = driver();
     let d = guard.as_mut().ok_or(NvmlCode::Uninitialized)?;
     let set = d.event_sets.get_mut(&id).ok_or(NvmlCode::InvalidArgument)?;
-    // A registered GPU that fell off the bus is reported as such, as the real driver does.
-    if set
-        .registrations
-        .iter()
-        .any(|(g, _)| state.gpus.get(*g as usize).is_some_and(|gpu| gpu.lost))
-    {
-        return Err(NvmlCode::GpuIsLost);
-    }
     let next = state.events.iter().find(|e| {
         e.seq > set.last_seq
             && set
@@ -111,7 +103,14 @@ fn poll(id: u64) -> Result<Option<nvmlEventData_t>, NvmlCode> {
                 .iter()
                 .any(|(g, mask)| *g == e.gpu_index && mask & e.event_type != 0)
     });
+    // Events already queued are delivered first; then a registered GPU that fell off the bus is
+    // reported as such on every wait, as the real driver does.
+    let lost = set
+        .registrations
+        .iter()
+        .any(|(g, _)| state.gpus.get(*g as usize).is_some_and(|gpu| gpu.lost));
     match next {
+        None if lost => Err(NvmlCode::GpuIsLost),
         None => {
             set.last_seq = set.last_seq.max(state.next_event_seq.saturating_sub(1));
             Ok(None)

@@ -1,1 +1,117 @@
-//! placeholder
+//! The only code that talks to NVML: turns the driver into an inventory snapshot and applies actions.
+//!
+//! Uses nvml-wrapper where it covers a call and nvml-wrapper-sys (through [`raw`]) where it does
+//! not: GPU/compute instance creation, listing and info, placements, and event data with MIG ids.
+//! Point it at `libnvidia-ml.so.1` on a GPU node, or at the `nvml-sim` cdylib anywhere else.
+
+mod error;
+mod events;
+mod mig;
+mod raw;
+mod snapshot;
+
+pub use error::{NvmlError, raw_codes};
+pub use events::{GpuEvent, XidWatcher};
+pub use mig::{GiProfileInfo, PlacementSlot};
+
+use nvml_wrapper::Nvml;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Where the NVML library comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Library {
+    /// The driver's `libnvidia-ml.so.1`, found by the dynamic loader.
+    System,
+    /// A library at this path (the simulator, or a driver in a non-standard root).
+    Path(PathBuf),
+}
+
+impl Library {
+    /// How the library is named in messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Library::System => "libnvidia-ml.so.1".into(),
+            Library::Path(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// An initialised NVML: the node's GPUs.
+pub struct Gpus {
+    nvml: Nvml,
+    library: Library,
+    /// Identity of each GPU as last read, so a GPU that falls off the bus is still named.
+    last_seen: Mutex<HashMap<u32, (String, String)>>,
+}
+
+impl std::fmt::Debug for Gpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpus")
+            .field("library", &self.library)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gpus {
+    /// Loads and initialises NVML.
+    pub fn open(library: Library) -> Result<Gpus, NvmlError> {
+        let described = library.describe();
+        let nvml = match &library {
+            Library::System => Nvml::init(),
+            Library::Path(path) => {
+                check_library_file(path)?;
+                Nvml::builder().lib_path(path.as_os_str()).init()
+            }
+        }
+        .map_err(|e| error::init_error(&described, e))?;
+        Ok(Gpus {
+            nvml,
+            library,
+            last_seen: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The library this was loaded from.
+    pub fn library(&self) -> &Library {
+        &self.library
+    }
+
+    /// Number of GPUs the driver reports (lost ones included).
+    pub fn count(&self) -> Result<u32, NvmlError> {
+        self.nvml
+            .device_count()
+            .map_err(|e| error::call("nvmlDeviceGetCount", None, e))
+    }
+}
+
+fn check_library_file(path: &Path) -> Result<(), NvmlError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(_) => Err(NvmlError::LibraryNotLoaded {
+            path: path.display().to_string(),
+            reason: "not a file".into(),
+        }),
+        Err(e) => Err(NvmlError::LibraryNotLoaded {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// Points the simulated driver at a state directory: sets `GPUOPS_NVML_SIM_STATE` for this process.
+///
+/// Call before any thread is started (the binary does so first thing in `main`): changing the
+/// environment while another thread reads it is undefined behaviour on glibc.
+pub fn use_simulator_state(dir: &Path) {
+    // SAFETY: documented precondition: the process is still single-threaded, so no other thread can
+    // be reading the environment concurrently.
+    unsafe { std::env::set_var(gpuops_sim_env::STATE_DIR_ENV, dir) };
+}
+
+/// The simulator's environment contract, repeated here so the product does not link the simulator.
+pub mod gpuops_sim_env {
+    /// Must equal `gpuops_sim::STATE_DIR_ENV` (checked by a test).
+    pub const STATE_DIR_ENV: &str = "GPUOPS_NVML_SIM_STATE";
+}

@@ -48,7 +48,7 @@ pub enum SimError {
         #[source]
         source: std::io::Error,
     },
-    #[error("no GPU with index {index}: the simulated node has {count} GPUs (0..{count})")]
+    #[error("no GPU with index {index}: the simulated node has {count} GPUs (indices 0 to {})", count.saturating_sub(1))]
     NoSuchGpu { index: u32, count: usize },
     #[error("{0}")]
     Invalid(String),

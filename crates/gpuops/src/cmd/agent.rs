@@ -1,0 +1,397 @@
+//! `gpuops agent`: the node agent. Today: GPU discovery, health watching and a standalone mode on a
+//! simulated node; the device plugin, metrics and labels plug into the same loop.
+
+use crate::gpu_source::{self, GpuArgs};
+use crate::output;
+use crate::watch::changes;
+use anyhow::{Context, Result};
+use gpuops_inventory::Inventory;
+use gpuops_nvml::{GpuEvent, Gpus};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Run the GPU node agent (a DaemonSet in a cluster; standalone with --simulate).
+///
+/// Discovers the node's GPUs through NVML, re-reads them every --interval and reports what changes,
+/// and watches for XID errors and GPUs falling off the bus.
+///
+/// Examples:
+///   gpuops agent --simulate dgx-h100                    a simulated 8x H100 node, no GPU needed
+///   gpuops agent --simulate dgx-h100 --sim-state /tmp/n1   then, in another shell:
+///       gpuops sim xid --state /tmp/n1 --gpu 3 --xid 48
+///   gpuops agent --simulate l4x4 --once                 print the inventory and exit
+#[derive(Debug, clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    #[command(flatten)]
+    gpus: GpuArgs,
+    /// Name of this node (labels, metrics); defaults to the host name.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// How often to re-read the GPUs.
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    interval: Duration,
+    /// Read the GPUs once, print them and exit.
+    #[arg(long)]
+    once: bool,
+    /// Where the Prometheus metrics endpoint listens.
+    #[arg(long, env = "GPUOPS_METRICS_ADDRESS", default_value = "0.0.0.0:9400")]
+    metrics_address: SocketAddr,
+    /// The kubelet's device plugin directory.
+    #[arg(
+        long,
+        env = "DEVICE_PLUGIN_PATH",
+        default_value = "/var/lib/kubelet/device-plugins"
+    )]
+    device_plugin_dir: PathBuf,
+}
+
+fn node_name(given: Option<String>) -> String {
+    given
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// `HH:MM:SS` UTC, for event lines.
+fn clock() -> String {
+    let secs = gpu_source::now_ms() / 1000;
+    format!(
+        "{:02}:{:02}:{:02}",
+        (secs / 3600) % 24,
+        (secs / 60) % 60,
+        secs % 60
+    )
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    // Opening may set the simulator's environment: do it before the runtime starts threads.
+    let opened = gpu_source::open(&args.gpus)?;
+    let node = node_name(args.node_name.clone());
+    let first = opened.gpus.snapshot().context("reading the GPUs")?;
+    println!("gpuops agent {} on node {node}", env!("CARGO_PKG_VERSION"));
+    println!("GPUs from {}\n", opened.describe());
+    print!("{}", output::inventory_tables(&first));
+    println!("\nEndpoints:");
+    println!(
+        "  metrics        http://{}/metrics (DCGM-compatible exporter: not served yet)",
+        args.metrics_address
+    );
+    for resource in planned_resources(&first) {
+        println!(
+            "  device plugin  {}/nvidia-{}.sock for nvidia.com/{resource} (not served yet)",
+            args.device_plugin_dir.display(),
+            resource
+        );
+    }
+    if args.once {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(sim) = &opened.simulation {
+        println!(
+            "\nInject faults from another shell, e.g.:\n  gpuops sim xid --state {} --gpu 0 --xid 48\n  gpuops sim lost --state {} --gpu 1",
+            sim.state_dir.display(),
+            sim.state_dir.display()
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(agent_loop(Arc::new(opened.gpus), first, args.interval))?;
+    // Keep the temporary simulator state until the loop ended.
+    drop(opened.simulation);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The resources the device plugin will advertise for this inventory (whole GPUs or MIG profiles).
+fn planned_resources(inv: &Inventory) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for g in inv.healthy_gpus() {
+        let names: Vec<String> = if g.mig.current_enabled {
+            g.mig_devices
+                .iter()
+                .map(|m| format!("mig-{}", m.ci_profile.replace('+', ".")))
+                .collect()
+        } else {
+            vec!["gpu".into()]
+        };
+        for n in names {
+            if !out.contains(&n) {
+                out.push(n);
+            }
+        }
+    }
+    out
+}
+
+/// What the XID thread tells the loop.
+enum Report {
+    Event(GpuEvent),
+    /// The XID watch now covers these GPU indices.
+    Watching(Vec<u32>),
+    Problem(String),
+}
+
+async fn agent_loop(gpus: Arc<Gpus>, first: Inventory, interval: Duration) -> Result<()> {
+    let healthy = Arc::new(Mutex::new(healthy_indices(&first)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, mut rx) = mpsc::channel(64);
+    let xid_thread = {
+        let (gpus, healthy, stop) = (Arc::clone(&gpus), Arc::clone(&healthy), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name("xid-watch".into())
+            .spawn(move || watch_xids(&gpus, &healthy, &stop, &tx))
+            .context("starting the XID watcher")?
+    };
+    println!(
+        "\n{} re-reading the GPUs every {:?}; Ctrl-C to stop",
+        clock(),
+        interval
+    );
+    let mut previous = first;
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = ticker.tick() => {
+                let g = Arc::clone(&gpus);
+                match tokio::task::spawn_blocking(move || g.snapshot()).await {
+                    Ok(Ok(next)) => {
+                        for change in changes(&previous, &next) {
+                            println!("{} {change}", clock());
+                        }
+                        if let Ok(mut h) = healthy.lock() {
+                            *h = healthy_indices(&next);
+                        }
+                        previous = next;
+                    }
+                    Ok(Err(e)) => eprintln!("{} reading the GPUs failed: {e}; keeping the last snapshot", clock()),
+                    Err(e) => eprintln!("{} snapshot task failed: {e}", clock()),
+                }
+            }
+            Some(report) = rx.recv() => match report {
+                Report::Event(event) => println!("{} {}", clock(), describe_event(&event, &previous)),
+                Report::Watching(gpus) => println!(
+                    "{} watching {} GPUs for XID errors ({})",
+                    clock(),
+                    gpus.len(),
+                    gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+                ),
+                Report::Problem(p) => eprintln!("{} {p}", clock()),
+            },
+        }
+    }
+    println!("{} stopping", clock());
+    stop.store(true, Ordering::Relaxed);
+    // The watcher wakes at least every WAIT_MS; joining it releases NVML cleanly.
+    let _ = tokio::task::spawn_blocking(move || xid_thread.join()).await;
+    Ok(())
+}
+
+fn healthy_indices(inv: &Inventory) -> Vec<u32> {
+    inv.healthy_gpus().map(|g| g.index).collect()
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+const WAIT_MS: u32 = 500;
+
+/// Blocking loop on NVML's event set; rebuilt when the set of healthy GPUs changes.
+fn watch_xids(
+    gpus: &Gpus,
+    healthy: &Mutex<Vec<u32>>,
+    stop: &AtomicBool,
+    tx: &mpsc::Sender<Report>,
+) {
+    let current = || healthy.lock().map(|h| h.clone()).unwrap_or_default();
+    let mut announced: Option<Vec<u32>> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let watched = current();
+        let (watcher, skipped) = match gpus.watch_xids(&watched) {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = tx.blocking_send(Report::Problem(format!("cannot watch XID events: {e}")));
+                std::thread::sleep(Duration::from_secs(5));
+                continue;
+            }
+        };
+        for (gpu, why) in skipped {
+            let _ = tx.blocking_send(Report::Problem(format!(
+                "GPU {gpu}: not watching XID events: {why}"
+            )));
+        }
+        let now_watched = watcher.watched();
+        if announced.as_ref() != Some(&now_watched) {
+            let _ = tx.blocking_send(Report::Watching(now_watched.clone()));
+            announced = Some(now_watched);
+        }
+        while !stop.load(Ordering::Relaxed) {
+            match watcher.wait(WAIT_MS) {
+                Ok(None) if current() == watched => {}
+                Ok(None) => break,
+                Ok(Some(event)) => {
+                    let lost = event == GpuEvent::GpuLost;
+                    let _ = tx.blocking_send(Report::Event(event));
+                    if lost {
+                        // The driver keeps answering "lost" until the GPU is gone from the watch
+                        // list: wait for the next snapshot to drop it.
+                        while !stop.load(Ordering::Relaxed) && current() == watched {
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let _ =
+                        tx.blocking_send(Report::Problem(format!("waiting for XID events: {e}")));
+                    std::thread::sleep(Duration::from_secs(1));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// `XID 48 on GPU 3 (GPU-…): double-bit ECC error; action: drain the node and reset the GPU`.
+fn describe_event(event: &GpuEvent, inv: &Inventory) -> String {
+    match event {
+        GpuEvent::GpuLost => {
+            "a watched GPU fell off the bus (NVML: GPU is lost); the next read says which".into()
+        }
+        GpuEvent::Xid {
+            gpu,
+            xid,
+            gi_id,
+            ci_id,
+        } => {
+            let info = gpuops_catalog::xid::describe(*xid);
+            let uuid = inv
+                .gpus
+                .iter()
+                .find(|g| g.index == *gpu)
+                .map(|g| g.uuid.clone())
+                .unwrap_or_default();
+            let instance = match (gi_id, ci_id) {
+                (Some(gi), Some(ci)) => format!(" MIG gi {gi} ci {ci}"),
+                (Some(gi), None) => format!(" MIG gi {gi}"),
+                _ => String::new(),
+            };
+            let ignored = if gpuops_catalog::xid::DEFAULT_IGNORED_XIDS.contains(xid) {
+                " (application fault: GPU stays healthy)"
+            } else {
+                ""
+            };
+            format!(
+                "XID {xid} on GPU {gpu} ({uuid}){instance}: {}{ignored}; action: {}",
+                info.meaning, info.action
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuops_inventory::{Gpu, Health, MigDevice, MigState};
+
+    fn gpu(index: u32) -> Gpu {
+        Gpu {
+            index,
+            uuid: format!("GPU-{index}"),
+            ..Gpu::default()
+        }
+    }
+
+    #[test]
+    fn events_are_explained() {
+        let inv = Inventory {
+            gpus: vec![gpu(0), gpu(3)],
+            ..Inventory::default()
+        };
+        let text = describe_event(
+            &GpuEvent::Xid {
+                gpu: 3,
+                xid: 48,
+                gi_id: None,
+                ci_id: None,
+            },
+            &inv,
+        );
+        assert_eq!(
+            text,
+            "XID 48 on GPU 3 (GPU-3): double-bit ECC error; action: drain the node and reset the GPU"
+        );
+        let text = describe_event(
+            &GpuEvent::Xid {
+                gpu: 0,
+                xid: 13,
+                gi_id: Some(7),
+                ci_id: Some(0),
+            },
+            &inv,
+        );
+        assert!(
+            text.contains("MIG gi 7 ci 0") && text.contains("GPU stays healthy"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn planned_resources_follow_mig_mode_and_skip_lost_gpus() {
+        let mut mig = gpu(1);
+        mig.mig = MigState {
+            capable: true,
+            current_enabled: true,
+            pending_enabled: true,
+        };
+        for p in ["1g.10gb", "1g.10gb+me", "3g.40gb"] {
+            mig.mig_devices.push(MigDevice {
+                ci_profile: p.into(),
+                ..MigDevice::default()
+            });
+        }
+        let mut lost = gpu(2);
+        lost.health = Health::Lost;
+        let inv = Inventory {
+            gpus: vec![gpu(0), mig, lost],
+            ..Inventory::default()
+        };
+        assert_eq!(
+            planned_resources(&inv),
+            vec!["gpu", "mig-1g.10gb", "mig-1g.10gb.me", "mig-3g.40gb"]
+        );
+        assert_eq!(healthy_indices(&inv), vec![0, 1]);
+    }
+}

@@ -1,0 +1,152 @@
+//! Where a command gets its GPUs: the real driver, or the simulated one (`--simulate FLEET`).
+
+use anyhow::{Context, Result, bail};
+use gpuops_nvml::{Gpus, Library};
+use gpuops_sim::{Fleet, SimState, Store};
+use std::path::{Path, PathBuf};
+
+/// File name of the simulated driver cargo builds next to the binary.
+const SIM_LIB: &str = "libnvml_sim.so";
+
+/// The flags every command that reads GPUs takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GpuArgs {
+    /// Use the simulated NVIDIA driver with this fleet instead of a real GPU: a built-in fleet
+    /// (dgx-h100, dgx-a100, hgx-h200, dgx-b200, h100-nvl-x2, l4x4) or a fleet file (see `gpuops sim fleets`).
+    #[arg(long, value_name = "FLEET")]
+    pub simulate: Option<String>,
+    /// Simulator state directory. With --simulate it is (re)created there and kept, so
+    /// `gpuops sim ... --state DIR` can inject faults while this runs; alone, attach to an existing one.
+    #[arg(long, value_name = "DIR", env = "GPUOPS_NVML_SIM_STATE")]
+    pub sim_state: Option<PathBuf>,
+    /// NVML library to load instead of the driver's libnvidia-ml.so.1 (when simulating: the
+    /// simulator library, found next to this binary by default).
+    #[arg(long, value_name = "PATH", env = "GPUOPS_NVML_LIB")]
+    pub nvml_lib: Option<PathBuf>,
+}
+
+/// A simulated node this process is using.
+#[derive(Debug)]
+pub struct Simulation {
+    pub fleet: Option<String>,
+    pub state_dir: PathBuf,
+    /// Holds a temporary state directory until exit.
+    _temp: Option<tempfile::TempDir>,
+}
+
+/// Opened GPUs plus what they are.
+#[derive(Debug)]
+pub struct Opened {
+    pub gpus: Gpus,
+    pub simulation: Option<Simulation>,
+}
+
+impl Opened {
+    /// One line saying where the GPUs come from.
+    pub fn describe(&self) -> String {
+        match &self.simulation {
+            Some(sim) => format!(
+                "simulated driver {} ({}state {})",
+                self.gpus.library().describe(),
+                sim.fleet
+                    .as_ref()
+                    .map(|f| format!("fleet {f}, "))
+                    .unwrap_or_default(),
+                sim.state_dir.display()
+            ),
+            None => format!("NVIDIA driver ({})", self.gpus.library().describe()),
+        }
+    }
+}
+
+/// Opens the GPUs the flags name. Must run before any thread is started (it may set the simulator's
+/// environment variable).
+pub fn open(args: &GpuArgs) -> Result<Opened> {
+    let simulation = match (&args.simulate, &args.sim_state) {
+        (Some(fleet_name), dir) => Some(create_simulation(fleet_name, dir.as_deref())?),
+        (None, Some(dir)) => {
+            Store::new(dir).load().with_context(|| {
+                format!("attaching to the simulator state in {}", dir.display())
+            })?;
+            Some(Simulation {
+                fleet: None,
+                state_dir: dir.clone(),
+                _temp: None,
+            })
+        }
+        (None, None) => None,
+    };
+    let library = match (&args.nvml_lib, &simulation) {
+        (Some(path), _) => Library::Path(path.clone()),
+        (None, Some(_)) => Library::Path(find_sim_library()?),
+        (None, None) => Library::System,
+    };
+    if let Some(sim) = &simulation {
+        gpuops_nvml::use_simulator_state(&sim.state_dir);
+    }
+    let gpus = Gpus::open(library)?;
+    Ok(Opened { gpus, simulation })
+}
+
+fn create_simulation(fleet_name: &str, dir: Option<&Path>) -> Result<Simulation> {
+    let fleet = Fleet::resolve(fleet_name)?;
+    let state = SimState::from_fleet(&fleet, now_ms())?;
+    let (state_dir, temp) = match dir {
+        Some(d) => (d.to_path_buf(), None),
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("gpuops-sim-")
+                .tempdir()
+                .context("creating a temporary simulator state directory")?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    };
+    Store::create(&state_dir, &state)?;
+    Ok(Simulation {
+        fleet: Some(fleet_name.to_string()),
+        state_dir,
+        _temp: temp,
+    })
+}
+
+/// Finds `libnvml_sim.so`: `GPUOPS_NVML_SIM_LIB`, else next to this binary (cargo puts it in
+/// `target/<profile>/deps/`), else `../lib/gpuops/` for installed layouts.
+pub fn find_sim_library() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("GPUOPS_NVML_SIM_LIB") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("locating the gpuops binary")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidates = [
+        dir.join(SIM_LIB),
+        dir.join("deps").join(SIM_LIB),
+        dir.join("..").join(SIM_LIB),
+        dir.join("../lib/gpuops").join(SIM_LIB),
+    ];
+    // Cargo refreshes deps/ on every build of the binary but the top-level copy only when the
+    // simulator is built on its own, so the newest copy is the right one.
+    let newest = candidates
+        .iter()
+        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
+        .filter(|(_, p)| p.is_file())
+        .max_by_key(|(modified, _)| *modified);
+    if let Some((_, found)) = newest {
+        return Ok(found.clone());
+    }
+    bail!(
+        "the simulated driver {SIM_LIB} is not next to {} (looked in {}); build it with \
+         `cargo build -p nvml-sim`, or point GPUOPS_NVML_SIM_LIB / --nvml-lib at it",
+        exe.display(),
+        candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,354 @@
+//! The `gpuops` binary end to end on the simulated driver: what a user types and sees.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn gpuops() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuops"));
+    // Tests must not pick up a developer's simulator or library settings.
+    for var in [
+        "GPUOPS_NVML_SIM_STATE",
+        "GPUOPS_NVML_LIB",
+        "GPUOPS_NVML_SIM_LIB",
+        "NODE_NAME",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    gpuops().args(args).output().expect("run gpuops")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn inventory_json_has_eight_gpus_on_a_simulated_dgx() {
+    let o = run(&["inventory", "--simulate", "dgx-h100", "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let gpus = v["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 8);
+    assert_eq!(gpus[0]["name"], "NVIDIA H100 80GB HBM3");
+    assert_eq!(gpus[0]["model"], "H100-SXM5-80GB");
+    assert!(gpus[7]["uuid"].as_str().unwrap().starts_with("GPU-"));
+    assert_eq!(v["driver_version"], "580.105.08");
+    assert_eq!(v["topology"].as_array().unwrap().len(), 28);
+}
+
+#[test]
+fn inventory_yaml_and_table_for_other_fleets() {
+    let o = run(&["inventory", "--simulate", "l4x4", "-o", "yaml"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o).matches("name: NVIDIA L4").count(),
+        4,
+        "{}",
+        stdout(&o)
+    );
+    let o = run(&["inventory", "--simulate", "hgx-h200"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("NVIDIA H200") && text.contains("TOPOLOGY") && text.contains("NV18"),
+        "{text}"
+    );
+}
+
+#[test]
+fn mig_devices_made_in_the_simulator_show_in_the_inventory() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap();
+    let fleet = dir.path().join("fleet.yaml");
+    std::fs::write(
+        &fleet,
+        "hostname: t\ngpus:\n  - model: A100-SXM4-40GB\n    count: 1\n    mig-enabled: true\n  - model: L4\n",
+    )
+    .unwrap();
+    let o = run(&[
+        "sim",
+        "init",
+        "--fleet",
+        fleet.to_str().unwrap(),
+        "--state",
+        state,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("1x A100-SXM4-40GB + 1x L4"),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(&["inventory", "--sim-state", state, "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["gpus"][0]["mig"]["current_enabled"], true);
+    assert_eq!(v["gpus"][1]["mig"]["capable"], false);
+    assert_eq!(v["gpus"][0]["mig_devices"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn agent_once_prints_inventory_and_planned_endpoints() {
+    let o = run(&[
+        "agent",
+        "--simulate",
+        "dgx-h100",
+        "--once",
+        "--node-name",
+        "n1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("gpuops agent") && text.contains("on node n1"),
+        "{text}"
+    );
+    assert!(text.contains("simulated driver"), "{text}");
+    assert!(text.contains("NVIDIA H100 80GB HBM3"), "{text}");
+    assert!(text.contains("http://0.0.0.0:9400/metrics"), "{text}");
+    assert!(
+        text.contains("nvidia-gpu.sock for nvidia.com/gpu"),
+        "{text}"
+    );
+}
+
+/// Reads an agent's stdout on a thread so the test can wait for lines with a deadline.
+struct Agent {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Agent {
+    fn start(args: &[&str]) -> Agent {
+        let mut child = gpuops()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start agent");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Agent {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    fn wait_for(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            match self.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        panic!(
+            "agent never printed {needle:?}; it printed:\n{}",
+            self.seen.join("\n")
+        );
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        self.wait_for("stopping");
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn agent_reports_injected_xids_lost_gpus_and_recovery_then_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap().to_string();
+    let mut agent = Agent::start(&[
+        "agent",
+        "--simulate",
+        "dgx-h100",
+        "--sim-state",
+        &state,
+        "--interval",
+        "300ms",
+    ]);
+    agent.wait_for("watching 8 GPUs");
+    let sim = |args: &[&str]| {
+        let mut full = vec!["sim"];
+        full.extend_from_slice(args);
+        full.extend_from_slice(&["--state", &state]);
+        let o = run(&full);
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    sim(&["xid", "--gpu", "3", "--xid", "48"]);
+    let line = agent.wait_for("XID 48 on GPU 3");
+    assert!(
+        line.contains("double-bit ECC") && line.contains("GPU-"),
+        "{line}"
+    );
+    sim(&["xid", "--gpu", "1", "--xid", "13"]);
+    assert!(
+        agent
+            .wait_for("XID 13 on GPU 1")
+            .contains("GPU stays healthy")
+    );
+    sim(&["lost", "--gpu", "5"]);
+    agent.wait_for("health healthy -> lost");
+    agent.wait_for("watching 7 GPUs for XID errors (0,1,2,3,4,6,7)");
+    sim(&["reset", "--gpu", "5"]);
+    agent.wait_for("health lost -> healthy");
+    agent.wait_for("watching 8 GPUs");
+    // Events keep flowing after the recovery (the watcher was rebuilt).
+    sim(&["xid", "--gpu", "5", "--xid", "94"]);
+    agent.wait_for("XID 94 on GPU 5");
+    assert!(agent.terminate().success());
+    // The state directory the user named is kept for inspection.
+    assert!(dir.path().join("state.json").is_file());
+}
+
+#[test]
+fn bad_input_gives_clear_errors_and_a_failing_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_fleet = dir.path().join("fleet.yaml");
+    std::fs::write(&bad_fleet, "gpus:\n  - model: H900\n    count: 2\n").unwrap();
+    let bad_fleet = bad_fleet.to_str().unwrap().to_string();
+    let corrupt = dir.path().join("corrupt");
+    std::fs::create_dir(&corrupt).unwrap();
+    std::fs::write(corrupt.join("state.json"), "{").unwrap();
+    let corrupt = corrupt.to_str().unwrap().to_string();
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec!["inventory", "--simulate", "dgx-h900"],
+            vec!["unknown fleet", "dgx-h100", "l4x4"],
+        ),
+        (
+            vec!["inventory", "--simulate", &bad_fleet],
+            vec![&bad_fleet, "line 2", "H900", "known models"],
+        ),
+        (
+            vec!["inventory", "--sim-state", &corrupt],
+            vec![&corrupt, "corrupt"],
+        ),
+        (
+            vec!["inventory", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"],
+            vec!["/nonexistent/libnvidia-ml.so.1", "--simulate"],
+        ),
+        (
+            vec![
+                "sim", "xid", "--state", &corrupt, "--gpu", "0", "--xid", "48",
+            ],
+            vec!["corrupt"],
+        ),
+        (
+            vec!["catalog", "H900"],
+            vec!["unknown GPU model", "H100-SXM5-80GB"],
+        ),
+        (
+            vec!["agent", "--simulate", "l4x4", "--interval", "ten"],
+            vec!["not a duration"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let o = run(&args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let err = stderr(&o);
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: expected {n:?} in:\n{err}");
+        }
+        assert!(!err.contains("panicked"), "{args:?} panicked:\n{err}");
+    }
+}
+
+#[test]
+fn sim_commands_validate_their_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap();
+    assert!(
+        run(&["sim", "init", "--fleet", "l4x4", "--state", state])
+            .status
+            .success()
+    );
+    let o = run(&["sim", "xid", "--state", state, "--gpu", "9", "--xid", "48"]);
+    assert!(
+        stderr(&o).contains("no GPU with index 9") && stderr(&o).contains("0 to 3"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&[
+        "sim", "load", "--state", state, "--gpu", "0", "--util", "150",
+    ]);
+    assert!(stderr(&o).contains("0-100"), "{}", stderr(&o));
+    let o = run(&["sim", "load", "--state", state, "--gpu", "all"]);
+    assert!(stderr(&o).contains("nothing to change"), "{}", stderr(&o));
+    let o = run(&[
+        "sim", "load", "--state", state, "--gpu", "all", "--util", "75", "--power", "60",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["inventory", "--sim-state", state, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for g in v["gpus"].as_array().unwrap() {
+        assert_eq!(g["telemetry"]["gpu_utilization_pct"], 75);
+        assert_eq!(g["telemetry"]["power_mw"], 60_000);
+    }
+    let o = run(&["sim", "show", "--state", state]);
+    assert!(stdout(&o).contains("75%"), "{}", stdout(&o));
+}
+
+#[test]
+fn help_teaches_the_first_commands() {
+    let o = run(&["--help"]);
+    let text = stdout(&o);
+    assert!(text.contains("gpuops agent --simulate dgx-h100"), "{text}");
+    for sub in ["agent", "inventory", "sim", "catalog"] {
+        let o = run(&[sub, "--help"]);
+        assert!(o.status.success(), "{sub} --help");
+        assert!(
+            stdout(&o).contains("Examples"),
+            "{sub} --help has examples:\n{}",
+            stdout(&o)
+        );
+    }
+}
+
+#[test]
+fn catalog_lists_models_and_mig_profiles() {
+    let o = run(&["catalog"]);
+    let text = stdout(&o);
+    for key in ["A100-SXM4-40GB", "H100-SXM5-80GB", "H200", "B200", "L4"] {
+        assert!(text.contains(key), "{key} in:\n{text}");
+    }
+    let o = run(&["catalog", "nvidia h100 80gb hbm3"]);
+    let text = stdout(&o);
+    assert!(
+        text.contains("1g.10gb") && text.contains("7g.80gb") && text.contains("0,1,2,3,4,5,6"),
+        "{text}"
+    );
+}
