@@ -1,4 +1,5 @@
 //! The `gpuops` binary end to end on the simulated driver: what a user types and sees.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support code
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
