@@ -65,6 +65,7 @@ fn current_state() -> Result<Arc<SimState>, NvmlCode> {
     })?;
     if let Some((seen, state)) = &d.cache
         && *seen == fingerprint
+        && fingerprint.is_settled(std::time::SystemTime::now())
     {
         return Ok(Arc::clone(state));
     }

@@ -70,8 +70,9 @@ pub struct CiProfileInfo {
     pub sm_count: u32,
 }
 
-/// Number of distinct GPU-instance profile enums (`NVML_GPU_INSTANCE_PROFILE_COUNT`).
-pub const GI_PROFILE_ENUM_COUNT: u32 = 17;
+/// Number of distinct GPU-instance profile enums (0..=0x11, `NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX`
+/// being the newest; older headers stop at 0x10).
+pub const GI_PROFILE_ENUM_COUNT: u32 = 0x12;
 /// Number of distinct compute-instance profile enums (`NVML_COMPUTE_INSTANCE_PROFILE_COUNT`).
 pub const CI_PROFILE_ENUM_COUNT: u32 = 8;
 

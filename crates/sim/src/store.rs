@@ -22,6 +22,18 @@ pub struct Fingerprint {
     inode: u64,
 }
 
+impl Fingerprint {
+    /// Whether a cache keyed by this fingerprint can be trusted at `now`. Two saves within one
+    /// timestamp tick may leave length and mtime equal, and the inode alternates between two
+    /// values, so a file changed in the last two seconds is always re-read (git's "racily clean"
+    /// rule).
+    pub fn is_settled(&self, now: std::time::SystemTime) -> bool {
+        self.modified
+            .and_then(|m| now.duration_since(m).ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(2))
+    }
+}
+
 impl Store {
     /// A handle on `dir`; nothing is read until asked.
     pub fn new(dir: impl Into<PathBuf>) -> Store {
@@ -169,6 +181,16 @@ mod tests {
             .unwrap();
         assert_eq!(r, Err("no"));
         assert!(!store.load().unwrap().gpus[1].lost);
+    }
+
+    #[test]
+    fn fresh_files_are_never_trusted_from_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::create(dir.path(), &state()).unwrap();
+        let f = store.fingerprint().unwrap();
+        let now = std::time::SystemTime::now();
+        assert!(!f.is_settled(now));
+        assert!(f.is_settled(now + std::time::Duration::from_secs(3)));
     }
 
     #[test]
