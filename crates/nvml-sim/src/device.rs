@@ -50,15 +50,16 @@ fn memory_mib(t: &Target<'_>) -> Result<(u64, u64, u64), NvmlCode> {
 
 fn mig_name(t: &Target<'_>) -> Result<String, NvmlCode> {
     let m = model(t)?;
+    let name = t.gpu.name();
     match t.mig {
-        None => Ok(m.nvml_name.to_string()),
+        None => Ok(name),
         Some((gi, ci)) => {
             let p = m.gi_profile_by_id(gi.profile_id).ok_or(NvmlCode::Unknown)?;
             let gi_slices = p.compute_slices;
             Ok(if ci.size == gi_slices {
-                format!("{} MIG {}", m.nvml_name, p.name)
+                format!("{name} MIG {}", p.name)
             } else {
-                format!("{} MIG {}c.{}", m.nvml_name, ci.size, p.name)
+                format!("{name} MIG {}c.{}", ci.size, p.name)
             })
         }
     }
@@ -122,13 +123,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     query_gpu(device, |t| unsafe { put(minor, t.gpu.minor_number) })
 }
 
-fn pci_info(gpu: &SimGpu, model: &GpuModel) -> nvmlPciInfo_t {
+fn pci_info(gpu: &SimGpu) -> nvmlPciInfo_t {
     let mut info = nvmlPciInfo_t {
         busIdLegacy: [0; 16],
         domain: gpu.pci_domain,
         bus: gpu.pci_bus,
         device: 0,
-        pciDeviceId: (u32::from(model.pci_device_ids.first().copied().unwrap_or(0)) << 16) | 0x10DE,
+        pciDeviceId: (u32::from(gpu.pci_device_id()) << 16) | 0x10DE,
         // Subsystem id: board id << 16 | vendor; *presumed* NVIDIA-built boards.
         pciSubSystemId: (0x16C1 << 16) | 0x10DE,
         busId: [0; 32],
@@ -160,7 +161,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
     query(device, |t| {
-        let info = pci_info(t.gpu, model(t)?);
+        let info = pci_info(t.gpu);
         // SAFETY: NVML contract: `pci` is null or a valid out-pointer.
         unsafe { put(pci, info) }
     })
@@ -580,7 +581,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
             NvlinkPeer::Switch { bus } => switch_pci_info(bus),
             NvlinkPeer::Gpu { index } => {
                 let peer = t.state.gpus.get(index as usize).ok_or(NvmlCode::Unknown)?;
-                pci_info(peer, peer.catalog().ok_or(NvmlCode::Unknown)?)
+                pci_info(peer)
             }
         };
         // SAFETY: NVML contract: `pci` is null or a valid out-pointer.

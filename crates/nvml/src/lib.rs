@@ -115,3 +115,14 @@ pub mod gpuops_sim_env {
     /// Must equal `gpuops_sim::STATE_DIR_ENV` (checked by a test).
     pub const STATE_DIR_ENV: &str = "GPUOPS_NVML_SIM_STATE";
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn simulator_env_contract_matches_the_simulator() {
+        assert_eq!(
+            super::gpuops_sim_env::STATE_DIR_ENV,
+            gpuops_sim::STATE_DIR_ENV
+        );
+    }
+}

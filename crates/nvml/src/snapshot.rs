@@ -198,7 +198,6 @@ impl Gpus {
         r: &mut Reader<'_>,
     ) -> Result<Vec<MigDevice>, NvmlError> {
         let gpu = Some(index);
-        let lib = self.nvml.lib();
         let parent = raw::handle(d);
         let profiles = match self.gi_profiles(index) {
             Ok(p) => p,
@@ -213,42 +212,65 @@ impl Gpus {
                 Ok(m) => m,
                 // Indices may be sparse: NOT_FOUND just means no MIG device at this index.
                 Err(WrapperError::NotFound) | Err(WrapperError::InvalidArg) => continue,
-                Err(e) => return Err(call("nvmlDeviceGetMigDeviceHandleByIndex", gpu, e)),
+                Err(e) => {
+                    r.soft::<()>(call("nvmlDeviceGetMigDeviceHandleByIndex", gpu, e))?;
+                    continue;
+                }
             };
-            let uuid = m.uuid().map_err(|e| call("nvmlDeviceGetUUID", gpu, e))?;
-            let (gi_id, ci_id) = raw::mig_ids(lib, raw::handle(&m), gpu)?;
-            let gi = raw::gpu_instance_by_id(lib, parent, gi_id, gpu)?;
-            let gi_info = raw::gpu_instance_info(lib, gi, gpu)?;
-            let ci = raw::compute_instance_by_id(lib, gi, ci_id, gpu)?;
-            let ci_info = raw::compute_instance_info(lib, ci, gpu)?;
-            let ci_profile = raw::compute_instance_profile_info(lib, gi, ci_info.profileId, gpu)?;
-            let profile = profiles.iter().find(|p| p.id == gi_info.profileId);
-            let (gi_name, gi_slices, memory_mib) = match profile {
-                Some(p) => (p.name_for(total_mib), p.slice_count, p.memory_mib),
-                None => (format!("unknown-profile-{}", gi_info.profileId), 0, 0),
-            };
-            let ci_name = if ci_profile.sliceCount < gi_slices {
-                format!("{}c.{gi_name}", ci_profile.sliceCount)
-            } else {
-                gi_name.clone()
-            };
-            out.push(MigDevice {
-                uuid,
-                index: j,
-                gi_id,
-                ci_id,
-                profile: gi_name,
-                ci_profile: ci_name,
-                gi_profile_id: gi_info.profileId,
-                placement_start: gi_info.placement.start,
-                placement_size: gi_info.placement.size,
-                memory_mib,
-                sm_count: ci_profile.multiprocessorCount,
-                gi_slices,
-                ci_slices: ci_profile.sliceCount,
-            });
+            // One unreadable MIG device is a warning, not a reason to hide the GPU or the others.
+            match self.mig_device(&m, j, parent, &profiles, total_mib, index) {
+                Ok(device) => out.push(device),
+                Err(e) => {
+                    r.soft::<()>(e)?;
+                }
+            }
         }
         Ok(out)
+    }
+
+    fn mig_device(
+        &self,
+        m: &Device<'_>,
+        j: u32,
+        parent: nvml_wrapper_sys::bindings::nvmlDevice_t,
+        profiles: &[crate::GiProfileInfo],
+        total_mib: u64,
+        index: u32,
+    ) -> Result<MigDevice, NvmlError> {
+        let gpu = Some(index);
+        let lib = self.nvml.lib();
+        let uuid = m.uuid().map_err(|e| call("nvmlDeviceGetUUID", gpu, e))?;
+        let (gi_id, ci_id) = raw::mig_ids(lib, raw::handle(m), gpu)?;
+        let gi = raw::gpu_instance_by_id(lib, parent, gi_id, gpu)?;
+        let gi_info = raw::gpu_instance_info(lib, gi, gpu)?;
+        let ci = raw::compute_instance_by_id(lib, gi, ci_id, gpu)?;
+        let ci_info = raw::compute_instance_info(lib, ci, gpu)?;
+        let ci_profile = raw::compute_instance_profile_info(lib, gi, ci_info.profileId, gpu)?;
+        let profile = profiles.iter().find(|p| p.id == gi_info.profileId);
+        let (gi_name, gi_slices, memory_mib) = match profile {
+            Some(p) => (p.name_for(total_mib), p.slice_count, p.memory_mib),
+            None => (format!("unknown-profile-{}", gi_info.profileId), 0, 0),
+        };
+        let ci_name = if ci_profile.sliceCount < gi_slices {
+            format!("{}c.{gi_name}", ci_profile.sliceCount)
+        } else {
+            gi_name.clone()
+        };
+        Ok(MigDevice {
+            uuid,
+            index: j,
+            gi_id,
+            ci_id,
+            profile: gi_name,
+            ci_profile: ci_name,
+            gi_profile_id: gi_info.profileId,
+            placement_start: gi_info.placement.start,
+            placement_size: gi_info.placement.size,
+            memory_mib,
+            sm_count: ci_profile.multiprocessorCount,
+            gi_slices,
+            ci_slices: ci_profile.sliceCount,
+        })
     }
 
     fn nvlinks(&self, d: &Device<'_>, r: &mut Reader<'_>) -> Result<Vec<NvLink>, NvmlError> {

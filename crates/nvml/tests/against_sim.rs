@@ -1162,3 +1162,34 @@ fn state_removed_after_init_fails_calls_not_the_process() {
         assert_eq!(gpus.count().unwrap(), 4);
     });
 }
+
+#[test]
+fn a_gpu_model_the_catalog_does_not_know_still_works() {
+    // Behaves like an H100 but reports a name and PCI id the catalog has never seen, as a new
+    // GPU on a newer driver would.
+    let text = "hostname: future\ngpus:\n  - model: H100-SXM5-80GB\n    count: 2\n    report-as: {name: NVIDIA H999 80GB HBM9, pci-device-id: 0x2999}\n";
+    let fleet = Fleet::parse(text, "<unknown model>").unwrap();
+    let sim = Sim::new(&SimState::from_fleet(&fleet, now_ms()).unwrap());
+    with_gpus(&sim, |gpus| {
+        let inv = snapshot(gpus);
+        let g = &inv.gpus[0];
+        assert_eq!(g.name, "NVIDIA H999 80GB HBM9");
+        assert_eq!(g.model, None, "not in the catalog");
+        assert_eq!(g.pci_device_id, 0x2999_10DE);
+        assert_eq!(
+            g.family.as_deref(),
+            Some("hopper"),
+            "family from the compute capability"
+        );
+        assert_eq!(g.sm_count, None);
+        assert!(g.mig.capable, "MIG capability comes from the driver");
+        // MIG devices are named from what the driver reports, not from the catalog.
+        gpus.set_mig_mode(0, true).unwrap();
+        let gi = gpus.create_gpu_instance(0, 9, None).unwrap(); // 3g
+        gpus.create_compute_instance(0, gi, 2, None).unwrap();
+        let inv = snapshot(gpus);
+        let m = &inv.gpus[0].mig_devices[0];
+        assert_eq!(m.profile, "3g.40gb");
+        assert!(inv.gpus[0].mig_devices[0].uuid.starts_with("MIG-"));
+    });
+}

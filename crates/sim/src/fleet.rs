@@ -59,6 +59,19 @@ pub struct FleetGpus {
     /// Start with MIG mode enabled (MIG-capable models only).
     #[serde(default)]
     pub mig_enabled: bool,
+    /// Report another identity than the catalog's: simulates a GPU model gpuops does not know,
+    /// behaving like `model`.
+    #[serde(default)]
+    pub report_as: Option<ReportAs>,
+}
+
+/// A name and PCI device id the simulated GPU reports instead of its model's.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ReportAs {
+    pub name: String,
+    /// The upper 16 bits of NVML's `pciDeviceId`, e.g. 0x2399.
+    pub pci_device_id: u16,
 }
 
 fn one() -> u32 {
@@ -155,6 +168,13 @@ impl Fleet {
                     model.key
                 )));
             }
+            if let Some(r) = &group.report_as
+                && (r.name.trim().is_empty() || r.name.len() > 95)
+            {
+                return Err(invalid(format!(
+                    "{at}: report-as name must be 1 to 95 characters"
+                )));
+            }
             total = total.saturating_add(group.count);
         }
         if total > MAX_GPUS {
@@ -167,13 +187,13 @@ impl Fleet {
         Ok(())
     }
 
-    /// The fleet expanded to one model per GPU, in index order.
-    pub fn expanded(&self) -> Vec<(&'static GpuModel, bool)> {
+    /// The fleet expanded to one GPU per entry, in index order.
+    pub fn expanded(&self) -> Vec<(&'static GpuModel, &FleetGpus)> {
         self.gpus
             .iter()
             .flat_map(|g| {
                 let model = gpuops_catalog::lookup(&g.model.value).ok();
-                std::iter::repeat_n(model.map(|m| (m, g.mig_enabled)), g.count as usize)
+                std::iter::repeat_n(model.map(|m| (m, g)), g.count as usize)
             })
             .flatten()
             .collect()

@@ -61,6 +61,11 @@ pub struct SimGpu {
     pub compute_mode: u32,
     /// What each NVLink connects to, by link number.
     pub nvlinks: Vec<NvlinkPeer>,
+    /// Name and PCI device id reported instead of the catalog's (simulates an unknown model).
+    #[serde(default)]
+    pub reported_name: Option<String>,
+    #[serde(default)]
+    pub reported_pci_device_id: Option<u16>,
     /// Energy counted before the last power change, and when that change happened.
     pub energy_base_mj: u64,
     pub power_since_unix_ms: u64,
@@ -164,7 +169,7 @@ impl SimState {
         let gpus = models
             .iter()
             .enumerate()
-            .map(|(i, (model, mig))| {
+            .map(|(i, (model, group))| {
                 let i = i as u32;
                 SimGpu {
                     index: i,
@@ -176,8 +181,8 @@ impl SimState {
                     minor_number: i,
                     numa_node: (i * numa_nodes / n.max(1)).min(numa_nodes - 1),
                     pcie_switch: i / 2,
-                    mig_current: *mig,
-                    mig_pending: *mig,
+                    mig_current: group.mig_enabled,
+                    mig_pending: group.mig_enabled,
                     gpu_instances: Vec::new(),
                     lost: false,
                     load: Load::idle(model, i),
@@ -189,6 +194,8 @@ impl SimState {
                     pcie_replay_counter: 0,
                     compute_mode: 0,
                     nvlinks: nvlinks_for(fleet.fabric, model, i, n),
+                    reported_name: group.report_as.as_ref().map(|r| r.name.clone()),
+                    reported_pci_device_id: group.report_as.as_ref().map(|r| r.pci_device_id),
                     energy_base_mj: 0,
                     power_since_unix_ms: now_ms,
                 }
@@ -277,6 +284,24 @@ impl SimGpu {
     /// The catalog entry for this GPU (checked when the state was loaded).
     pub fn catalog(&self) -> Option<&'static GpuModel> {
         gpuops_catalog::lookup(&self.model).ok()
+    }
+
+    /// The name NVML reports (`nvmlDeviceGetName`).
+    pub fn name(&self) -> String {
+        self.reported_name
+            .clone()
+            .or_else(|| self.catalog().map(|m| m.nvml_name.to_string()))
+            .unwrap_or_default()
+    }
+
+    /// The PCI device id (upper 16 bits of `pciDeviceId`) NVML reports.
+    pub fn pci_device_id(&self) -> u16 {
+        self.reported_pci_device_id
+            .or_else(|| {
+                self.catalog()
+                    .and_then(|m| m.pci_device_ids.first().copied())
+            })
+            .unwrap_or(0)
     }
 
     /// `00000000:18:00.0`, NVML's `busId` format.
