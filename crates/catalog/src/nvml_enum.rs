@@ -50,3 +50,28 @@ pub fn attrs_for_enum(nvml_enum: u32) -> &'static [&'static str] {
         _ => &[],
     }
 }
+
+/// The `NVML_COMPUTE_INSTANCE_PROFILE_*` enum (equal to the CI profile id) for a compute instance of
+/// `slices` compute slices.
+pub fn ci_profile_for_slices(slices: u32) -> Option<u32> {
+    match slices {
+        1 => Some(0),
+        2 => Some(1),
+        3 => Some(2),
+        4 => Some(3),
+        7 => Some(4),
+        8 => Some(5),
+        6 => Some(6),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod ci_tests {
+    #[test]
+    fn ci_profiles_for_every_valid_size() {
+        assert_eq!(super::ci_profile_for_slices(7), Some(4));
+        assert_eq!(super::ci_profile_for_slices(6), Some(6));
+        assert_eq!(super::ci_profile_for_slices(5), None);
+    }
+}

@@ -4,6 +4,7 @@
 
 mod cmd;
 mod gpu_source;
+mod mig_apply;
 mod output;
 mod watch;
 
@@ -36,6 +37,7 @@ enum Command {
     Agent(cmd::agent::Args),
     Inventory(cmd::inventory::Args),
     Sim(cmd::sim::Args),
+    Mig(cmd::mig::Args),
     Catalog(cmd::catalog::Args),
 }
 
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => cmd::agent::run(args),
         Command::Inventory(args) => cmd::inventory::run(args),
         Command::Sim(args) => cmd::sim::run(args),
+        Command::Mig(args) => cmd::mig::run(args),
         Command::Catalog(args) => cmd::catalog::run(args),
     };
     match result {

@@ -72,8 +72,20 @@ pub struct Gpu {
     /// MIG devices (one per compute instance), ordered by GI id then CI id.
     pub mig_devices: Vec<MigDevice>,
     pub nvlinks: Vec<NvLink>,
+    /// Compute processes, with the MIG device they run in.
+    pub processes: Vec<GpuProcess>,
     pub telemetry: Telemetry,
     pub health: Health,
+}
+
+/// A process with a compute context on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_memory_mib: Option<u64>,
+    /// GPU/compute instance the process runs in, on MIG GPUs.
+    pub gi_id: Option<u32>,
+    pub ci_id: Option<u32>,
 }
 
 /// Framebuffer memory, in MiB.

@@ -80,9 +80,10 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
         if mode > NVML_DEVICE_MIG_ENABLE {
             return Err(NvmlCode::InvalidArgument);
         }
-        mutate(|s| gpu_mut(s, index)?.set_mig_mode(mode == NVML_DEVICE_MIG_ENABLE))?;
+        let activation =
+            mutate(|s| gpu_mut(s, index)?.set_mig_mode(mode == NVML_DEVICE_MIG_ENABLE))?;
         // SAFETY: NVML contract: `status` is null or a valid out-pointer.
-        unsafe { put(status, 0) }
+        unsafe { put(status, activation.code()) }
     })())
 }
 

@@ -64,7 +64,7 @@ pub mod raw_codes {
 }
 
 /// Human text for a raw `nvmlReturn_t`, as `nvmlErrorString` words it.
-pub fn describe_code(code: u32) -> &'static str {
+pub(crate) fn describe_code(code: u32) -> &'static str {
     match code {
         1 => "NVML not initialised",
         2 => "invalid argument",

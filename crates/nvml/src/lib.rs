@@ -12,7 +12,7 @@ mod snapshot;
 
 pub use error::{NvmlError, raw_codes};
 pub use events::{GpuEvent, XidWatcher};
-pub use mig::{GiProfileInfo, PlacementSlot};
+pub use mig::{GiProfileInfo, MigModeChange, PlacementSlot};
 
 use nvml_wrapper::Nvml;
 use std::collections::HashMap;

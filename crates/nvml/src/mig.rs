@@ -37,6 +37,15 @@ impl GiProfileInfo {
     }
 }
 
+/// What a MIG mode change did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MigModeChange {
+    /// The new mode is in effect.
+    Active,
+    /// Accepted, but pending until the GPU is reset; `reason` is the driver's activation status.
+    NeedsReset { reason: String },
+}
+
 /// A placement: `start` and `size` in memory slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlacementSlot {
@@ -51,12 +60,21 @@ impl Gpus {
             .map_err(|e| call("nvmlDeviceGetHandleByIndex", Some(index), e))
     }
 
-    /// Enables or disables MIG mode on a GPU.
-    pub fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<(), NvmlError> {
+    /// Enables or disables MIG mode on a GPU. The driver may accept the change but leave it pending
+    /// until the GPU is reset (a client holds it, or a VM cannot reset it): that is reported, never
+    /// acted on here.
+    pub fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<MigModeChange, NvmlError> {
         let d = self.device(index)?;
-        d.set_mig_mode(enabled)
-            .map(|_| ())
-            .map_err(|e| call("nvmlDeviceSetMigMode", Some(index), e))
+        let status = d
+            .set_mig_mode(enabled)
+            .map_err(|e| call("nvmlDeviceSetMigMode", Some(index), e))?;
+        Ok(if status == crate::raw_codes::SUCCESS {
+            MigModeChange::Active
+        } else {
+            MigModeChange::NeedsReset {
+                reason: crate::error::describe_code(status).to_string(),
+            }
+        })
     }
 
     /// GI profiles the GPU offers, by enum.

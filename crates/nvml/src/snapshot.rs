@@ -4,12 +4,12 @@ use crate::error::{NvmlError, call};
 use crate::{Gpus, raw};
 use gpuops_catalog::{Family, GpuModel, ProfileName, memory_gb_for_name, nvml_enum};
 use gpuops_inventory::{
-    Gpu, GpuLink, Health, Inventory, Memory, MigDevice, MigState, NvLink, PcieLevel, RemappedRows,
-    Telemetry,
+    Gpu, GpuLink, GpuProcess, Health, Inventory, Memory, MigDevice, MigState, NvLink, PcieLevel,
+    RemappedRows, Telemetry,
 };
 use nvml_wrapper::Device;
 use nvml_wrapper::enum_wrappers::device::{Clock, ComputeMode, TemperatureSensor, TopologyLevel};
-use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::struct_wrappers::device::FieldValueSample;
 use nvml_wrapper::structs::device::FieldId;
@@ -185,6 +185,23 @@ impl Gpus {
             mig,
             mig_devices,
             nvlinks: self.nvlinks(&d, &mut r)?,
+            processes: r
+                .opt(
+                    "nvmlDeviceGetComputeRunningProcesses",
+                    d.running_compute_processes(),
+                )?
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| GpuProcess {
+                    pid: p.pid,
+                    used_memory_mib: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(bytes) => Some(bytes / MIB),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                    gi_id: p.gpu_instance_id,
+                    ci_id: p.compute_instance_id,
+                })
+                .collect(),
             telemetry: telemetry(&d, &mut r)?,
             health: Health::Healthy,
         })

@@ -68,9 +68,16 @@ impl SimState {
     pub fn reset(&mut self, gpu: u32) -> Result<(), SimError> {
         let g = self.gpu_mut(gpu)?;
         g.lost = false;
+        g.mig_current = g.mig_pending;
         g.processes.clear();
         g.gpu_instances.clear();
         g.remapped_rows_pending = false;
+        Ok(())
+    }
+
+    /// Marks a GPU as held by a client, so MIG mode changes need a reset (or releases it).
+    pub fn set_held(&mut self, gpu: u32, held: bool) -> Result<(), SimError> {
+        self.gpu_mut(gpu)?.held = held;
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use gpuops_catalog::{GiProfile, MigGeometry};
 /// The NVML return codes the simulator produces (values from `nvml.h`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NvmlCode {
+    Success = 0,
     Uninitialized = 1,
     InvalidArgument = 2,
     NotSupported = 3,
@@ -20,6 +21,7 @@ pub enum NvmlCode {
     DriverNotLoaded = 9,
     Timeout = 10,
     GpuIsLost = 15,
+    ResetRequired = 16,
     InUse = 19,
     ArgumentVersionMismatch = 25,
     InsufficientResources = 23,
@@ -33,19 +35,7 @@ impl NvmlCode {
     }
 }
 
-/// `NVML_COMPUTE_INSTANCE_PROFILE_*` enum (== CI profile id) for a CI of `slices` compute slices.
-pub fn ci_profile_for_slices(slices: u32) -> Option<u32> {
-    match slices {
-        1 => Some(0),
-        2 => Some(1),
-        3 => Some(2),
-        4 => Some(3),
-        7 => Some(4),
-        8 => Some(5),
-        6 => Some(6),
-        _ => None,
-    }
-}
+pub use gpuops_catalog::nvml_enum::ci_profile_for_slices;
 
 /// Compute slices of a CI profile enum/id (the inverse of [`ci_profile_for_slices`]).
 pub fn ci_slices_for_profile(profile: u32) -> Option<u32> {
@@ -103,16 +93,23 @@ impl SimGpu {
         }
     }
 
-    /// `nvmlDeviceSetMigMode`: applies at once (the simulated node is bare metal, where the driver
-    /// resets the GPU itself); refuses while processes run or GPU instances exist.
-    pub fn set_mig_mode(&mut self, enable: bool) -> Result<(), NvmlCode> {
+    /// `nvmlDeviceSetMigMode`; returns the activation status. Applies at once (bare metal: the
+    /// driver resets the GPU itself) unless a client holds the GPU, in which case the change stays
+    /// pending and the status is `RESET_REQUIRED`. Refuses while processes run or GPU instances exist.
+    pub fn set_mig_mode(&mut self, enable: bool) -> Result<NvmlCode, NvmlCode> {
         self.mig_geometry()?;
+        if self.mig_current == enable && self.mig_pending == enable {
+            return Ok(NvmlCode::Success);
+        }
         if !self.processes.is_empty() || !self.gpu_instances.is_empty() {
             return Err(NvmlCode::InUse);
         }
-        self.mig_current = enable;
         self.mig_pending = enable;
-        Ok(())
+        if self.held {
+            return Ok(NvmlCode::ResetRequired);
+        }
+        self.mig_current = enable;
+        Ok(NvmlCode::Success)
     }
 
     /// `nvmlDeviceGetGpuInstanceProfileInfo`: by profile *enum*.
@@ -468,6 +465,10 @@ mod tests {
         let mut g = h100();
         g.set_mig_mode(false).unwrap();
         assert_eq!(g.create_gi(19, None), Err(NvmlCode::NotSupported));
+        g.held = true;
+        assert_eq!(g.set_mig_mode(true), Ok(NvmlCode::ResetRequired));
+        assert!(!g.mig_current && g.mig_pending);
+        g.held = false;
         g.set_mig_mode(true).unwrap();
         g.create_gi(0, None).unwrap();
         assert_eq!(g.set_mig_mode(false), Err(NvmlCode::InUse));

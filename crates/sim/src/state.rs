@@ -61,6 +61,10 @@ pub struct SimGpu {
     pub compute_mode: u32,
     /// What each NVLink connects to, by link number.
     pub nvlinks: Vec<NvlinkPeer>,
+    /// A client (nvidia-persistenced, nvidia_drm, ...) holds the GPU, so the driver cannot reset it
+    /// to switch MIG mode: changes stay pending until `reset`.
+    #[serde(default)]
+    pub held: bool,
     /// Name and PCI device id reported instead of the catalog's (simulates an unknown model).
     #[serde(default)]
     pub reported_name: Option<String>,
@@ -194,6 +198,7 @@ impl SimState {
                     pcie_replay_counter: 0,
                     compute_mode: 0,
                     nvlinks: nvlinks_for(fleet.fabric, model, i, n),
+                    held: false,
                     reported_name: group.report_as.as_ref().map(|r| r.name.clone()),
                     reported_pci_device_id: group.report_as.as_ref().map(|r| r.pci_device_id),
                     energy_base_mj: 0,

@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod catalog;
 pub mod inventory;
+pub mod mig;
 pub mod sim;
 
 use std::time::Duration;

@@ -80,6 +80,16 @@ enum Action {
         #[arg(long)]
         gpu: u32,
     },
+    /// Make a client hold a GPU (as nvidia-persistenced or nvidia_drm do), so MIG mode changes stay
+    /// pending until `gpuops sim reset`; `--release` lets go.
+    Hold {
+        #[command(flatten)]
+        state: StateArg,
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        release: bool,
+    },
     /// Set utilization, memory use, power and temperature of one GPU or all.
     Load {
         #[command(flatten)]
@@ -210,6 +220,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Action::Reset { state, gpu } => {
             change(&state, |s| s.reset(gpu))?;
             println!("GPU {gpu} reset");
+        }
+        Action::Hold {
+            state,
+            gpu,
+            release,
+        } => {
+            change(&state, |s| s.set_held(gpu, !release))?;
+            println!(
+                "GPU {gpu} {}",
+                if release {
+                    "released"
+                } else {
+                    "held: MIG mode changes now need a reset"
+                }
+            );
         }
         Action::Load {
             state,

@@ -1,0 +1,565 @@
+//! `gpuops mig` end to end on the simulated driver: the seed's configs, NVIDIA's defaults,
+//! minimal disruption, processes, hooks, interrupted applies and reset-required mode changes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support code
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const SEED: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/seed-mig-parted-config.yaml"
+);
+
+fn gpuops() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuops"));
+    for var in [
+        "GPUOPS_NVML_SIM_STATE",
+        "GPUOPS_NVML_LIB",
+        "GPUOPS_NVML_SIM_LIB",
+        "MIG_PARTED_CONFIG_FILE",
+        "MIG_PARTED_SELECTED_CONFIG",
+        "MIG_PARTED_HOOKS_FILE",
+        "GPUOPS_MIG_CHECKPOINT",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    gpuops().args(args).output().expect("run gpuops")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A simulated node in a temporary directory.
+struct Node {
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new(fleet: &str) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let o = run(&[
+            "sim",
+            "init",
+            "--fleet",
+            fleet,
+            "--state",
+            dir.path().to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        Node { dir }
+    }
+
+    fn state(&self) -> &str {
+        self.dir.path().to_str().unwrap()
+    }
+
+    fn mig(&self, args: &[&str]) -> Output {
+        let mut full = vec!["mig"];
+        full.extend_from_slice(args);
+        full.extend_from_slice(&["--sim-state", self.state()]);
+        run(&full)
+    }
+
+    fn sim(&self, args: &[&str]) {
+        let mut full = vec!["sim"];
+        full.extend_from_slice(args);
+        full.extend_from_slice(&["--state", self.state()]);
+        let o = run(&full);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+
+    fn apply(&self, file: &str, config: &str) -> Output {
+        self.mig(&["apply", "-f", file, "-c", config])
+    }
+
+    fn inventory(&self) -> serde_json::Value {
+        let o = run(&["inventory", "--sim-state", self.state(), "-o", "json"]);
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_str(&String::from_utf8_lossy(&o.stdout)).unwrap()
+    }
+
+    /// Per GPU: sorted "profile@start" of its MIG devices.
+    fn layouts(&self) -> Vec<Vec<String>> {
+        let inv = self.inventory();
+        inv["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                let mut v: Vec<String> = g["mig_devices"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "{}@{}",
+                            m["ci_profile"].as_str().unwrap(),
+                            m["placement_start"]
+                        )
+                    })
+                    .collect();
+                v.sort();
+                v
+            })
+            .collect()
+    }
+
+    fn uuids(&self, gpu: usize) -> Vec<(String, String)> {
+        let inv = self.inventory();
+        inv["gpus"][gpu]["mig_devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    format!(
+                        "{}@{}",
+                        m["ci_profile"].as_str().unwrap(),
+                        m["placement_start"]
+                    ),
+                    m["uuid"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    fn file(&self, name: &str, content: &str) -> String {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, content).unwrap();
+        p.to_str().unwrap().to_string()
+    }
+}
+
+fn counts(layout: &[String], profile: &str) -> usize {
+    layout
+        .iter()
+        .filter(|l| l.starts_with(&format!("{profile}@")))
+        .count()
+}
+
+#[test]
+fn the_seeds_four_configs_apply_on_a100_and_h100_and_a_second_apply_does_nothing() {
+    for fleet in ["dgx-a100", "dgx-h100"] {
+        let node = Node::new(fleet);
+        let o = node.mig(&["assert", "-f", SEED, "-c", "all-1g.10gb"]);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "{fleet}: not applied yet\n{}",
+            text(&o)
+        );
+
+        for (config, want) in [
+            ("all-1g.10gb", vec![("1g.10gb", 7)]),
+            ("all-2g.20gb", vec![("2g.20gb", 3)]),
+            ("mixed-inference", vec![("3g.40gb", 1), ("1g.10gb", 4)]),
+        ] {
+            let o = node.apply(SEED, config);
+            assert!(o.status.success(), "{fleet} {config}:\n{}", text(&o));
+            for (gpu, layout) in node.layouts().iter().enumerate() {
+                for (profile, n) in &want {
+                    assert_eq!(
+                        counts(layout, profile),
+                        *n,
+                        "{fleet} {config} GPU {gpu}: {layout:?}"
+                    );
+                }
+                assert_eq!(layout.len(), want.iter().map(|w| w.1).sum::<usize>());
+            }
+            let o = node.mig(&["assert", "-f", SEED, "-c", config]);
+            assert!(o.status.success(), "{fleet} {config} assert:\n{}", text(&o));
+            // Idempotent: nothing to do, no driver call.
+            let o = node.apply(SEED, config);
+            assert!(
+                text(&o).contains("nothing to do"),
+                "{fleet} {config}:\n{}",
+                text(&o)
+            );
+        }
+        let o = node.apply(SEED, "all-disabled");
+        assert!(o.status.success(), "{}", text(&o));
+        let inv = node.inventory();
+        for g in inv["gpus"].as_array().unwrap() {
+            assert_eq!(g["mig"]["current_enabled"], false);
+            assert!(g["mig_devices"].as_array().unwrap().is_empty());
+        }
+        assert!(
+            node.mig(&["assert", "-f", SEED, "-c", "all-disabled"])
+                .status
+                .success()
+        );
+    }
+}
+
+#[test]
+fn dry_run_shows_the_plan_with_slot_maps_and_changes_nothing() {
+    let node = Node::new("dgx-h100");
+    let o = node.mig(&["apply", "-f", SEED, "-c", "mixed-inference", "--dry-run"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("MIG mode: disabled -> enabled"), "{out}");
+    assert!(out.contains("create:") && out.contains("3g.40gb@"), "{out}");
+    assert!(out.contains("slot  0"), "{out}");
+    assert!(out.contains("dry run: nothing changed"), "{out}");
+    assert!(node.layouts().iter().all(Vec::is_empty));
+    assert_eq!(node.inventory()["gpus"][0]["mig"]["current_enabled"], false);
+}
+
+#[test]
+fn impossible_layouts_are_rejected_with_a_slice_explanation_before_anything_changes() {
+    let node = Node::new("dgx-h100");
+    let cfg = node.file(
+        "bad.yaml",
+        "version: v1\nmig-configs:\n  too-big:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.40gb\": 2\n        \"1g.10gb\": 2\n",
+    );
+    let o = node.apply(&cfg, "too-big");
+    assert!(!o.status.success());
+    let out = text(&o);
+    assert!(
+        out.contains("memory slices") && out.contains("H100-SXM5-80GB"),
+        "{out}"
+    );
+    assert_eq!(
+        node.inventory()["gpus"][0]["mig"]["current_enabled"],
+        false,
+        "nothing touched"
+    );
+    let o = run(&["mig", "validate", "-f", &cfg, "--gpu", "H100-SXM5-80GB"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("10 of 8 memory slices"), "{}", text(&o));
+}
+
+#[test]
+fn growing_a_layout_keeps_every_existing_instance() {
+    let node = Node::new("dgx-h100");
+    let cfg = node.file(
+        "grow.yaml",
+        "version: v1\nmig-configs:\n  small:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"3g.40gb\": 1}\n  big:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"3g.40gb\": 1, \"2g.20gb\": 1, \"1g.10gb\": 2}\n",
+    );
+    assert!(node.apply(&cfg, "small").status.success());
+    let before = node.uuids(0);
+    assert_eq!(before.len(), 1);
+    let o = node.apply(&cfg, "big");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("destroy: -"), "{}", text(&o));
+    let after = node.uuids(0);
+    assert_eq!(after.len(), 4);
+    assert!(
+        after.contains(&before[0]),
+        "the 3g.40gb kept its UUID: {before:?} vs {after:?}"
+    );
+    // Other GPUs were not selected, so they were left alone.
+    assert!(node.layouts()[1].is_empty());
+}
+
+#[test]
+fn processes_block_destruction_unless_forced() {
+    let node = Node::new("dgx-h100");
+    assert!(node.apply(SEED, "all-2g.20gb").status.success());
+    let inv = node.inventory();
+    let gi = inv["gpus"][0]["mig_devices"][0]["gi_id"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    node.sim(&[
+        "process", "--gpu", "0", "--pid", "4242", "--memory", "1000", "--gi", &gi, "--ci", "0",
+    ]);
+    let o = node.apply(SEED, "all-1g.10gb");
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("pid 4242") && text(&o).contains("--force"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        counts(&node.layouts()[0], "2g.20gb"),
+        3,
+        "nothing destroyed"
+    );
+    assert_eq!(counts(&node.layouts()[1], "2g.20gb"), 3, "no GPU touched");
+    // Forced: the driver itself refuses while the process runs.
+    let o = node.mig(&["apply", "-f", SEED, "-c", "all-1g.10gb", "--force"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("in use"), "{}", text(&o));
+    node.sim(&["process", "--gpu", "0", "--clear"]);
+    let o = node.apply(SEED, "all-1g.10gb");
+    assert!(
+        o.status.success(),
+        "converges once the process is gone:\n{}",
+        text(&o)
+    );
+    assert!(node.layouts().iter().all(|l| counts(l, "1g.10gb") == 7));
+}
+
+#[test]
+fn hooks_run_in_mig_parted_order_and_apply_exit_always_runs() {
+    let node = Node::new("dgx-h100");
+    let log = node.dir.path().join("hooks.log");
+    let hook = |name: &str| {
+        format!(
+            "    - command: /bin/sh\n      args: [\"-c\", \"echo {name} $MIG_PARTED_SELECTED_CONFIG >> {}\"]\n",
+            log.display()
+        )
+    };
+    let hooks = node.file(
+        "hooks.yaml",
+        &format!(
+            "version: v1\nhooks:\n  apply-start:\n{}  pre-apply-mode:\n{}  pre-apply-config:\n{}  apply-exit:\n{}",
+            hook("apply-start"),
+            hook("pre-apply-mode"),
+            hook("pre-apply-config"),
+            hook("apply-exit")
+        ),
+    );
+    let o = node.mig(&["apply", "-f", SEED, "-c", "all-1g.10gb", "-k", &hooks]);
+    assert!(o.status.success(), "{}", text(&o));
+    let lines = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        lines,
+        "apply-start all-1g.10gb\npre-apply-mode all-1g.10gb\npre-apply-config all-1g.10gb\napply-exit all-1g.10gb\n"
+    );
+    // A failing hook aborts the apply, and apply-exit still runs.
+    std::fs::remove_file(&log).unwrap();
+    let failing = node.file(
+        "failing.yaml",
+        &format!(
+            "version: v1\nhooks:\n  pre-apply-config:\n    - command: /bin/false\n  apply-exit:\n{}",
+            hook("apply-exit")
+        ),
+    );
+    let o = node.mig(&["apply", "-f", SEED, "-c", "all-2g.20gb", "-k", &failing]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("pre-apply-config hook"), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "apply-exit all-2g.20gb\n"
+    );
+    assert!(
+        node.layouts().iter().all(|l| counts(l, "1g.10gb") == 7),
+        "nothing changed"
+    );
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn checkpoint(node: &Node) -> serde_json::Value {
+    let p: PathBuf = Path::new(node.state()).join("mig-checkpoint.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Starts a slow apply and kills it (SIGKILL) after it made some but not all changes.
+fn kill_half_way(node: &Node, config: &str) {
+    let original = node.layouts();
+    let mut child = gpuops()
+        .args([
+            "mig",
+            "apply",
+            "-f",
+            SEED,
+            "-c",
+            config,
+            "--step-delay",
+            "150ms",
+            "--sim-state",
+            node.state(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for the first changes to land in the simulator, then kill.
+    wait_until("the apply to start changing GPU 0", || {
+        node.layouts()[0] != original[0]
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn an_apply_killed_half_way_converges_on_the_next_apply() {
+    let node = Node::new("dgx-h100");
+    assert!(node.apply(SEED, "all-2g.20gb").status.success());
+    kill_half_way(&node, "all-1g.10gb");
+    assert!(
+        node.layouts().iter().any(|l| counts(l, "1g.10gb") != 7),
+        "killed before the end"
+    );
+    assert_eq!(
+        checkpoint(&node)["applying"],
+        "all-1g.10gb",
+        "checkpoint marks the apply unfinished"
+    );
+    assert!(
+        !node
+            .mig(&["assert", "-f", SEED, "-c", "all-1g.10gb"])
+            .status
+            .success()
+    );
+    let o = node.apply(SEED, "all-1g.10gb");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("interrupted"), "{}", text(&o));
+    assert!(
+        node.mig(&["assert", "-f", SEED, "-c", "all-1g.10gb"])
+            .status
+            .success()
+    );
+    assert_eq!(checkpoint(&node)["applying"], serde_json::Value::Null);
+}
+
+#[test]
+fn an_apply_killed_half_way_is_undone_by_restore() {
+    let node = Node::new("dgx-h100");
+    assert!(node.apply(SEED, "mixed-inference").status.success());
+    let original = node.layouts();
+    kill_half_way(&node, "all-1g.10gb");
+    assert_ne!(node.layouts(), original);
+    let o = node.mig(&["restore"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(node.layouts(), original, "exact placements restored");
+    assert!(
+        node.mig(&["assert", "-f", SEED, "-c", "mixed-inference"])
+            .status
+            .success()
+    );
+}
+
+#[test]
+fn a_mode_change_that_needs_a_reset_is_reported_not_forced() {
+    let node = Node::new("dgx-a100");
+    node.sim(&["hold", "--gpu", "2"]);
+    let o = node.apply(SEED, "all-1g.10gb");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("GPU 2") && text(&o).contains("pending a GPU reset"),
+        "{}",
+        text(&o)
+    );
+    let l = node.layouts();
+    assert!(l[2].is_empty(), "GPU 2 untouched until reset");
+    assert_eq!(counts(&l[0], "1g.10gb"), 7, "other GPUs applied");
+    node.sim(&["reset", "--gpu", "2"]);
+    let o = node.apply(SEED, "all-1g.10gb");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(counts(&node.layouts()[2], "1g.10gb"), 7);
+}
+
+#[test]
+fn export_prints_the_current_state_as_a_config_that_asserts() {
+    let node = Node::new("dgx-h100");
+    assert!(node.apply(SEED, "mixed-inference").status.success());
+    let o = node.mig(&["export"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let exported = node.file("exported.yaml", &String::from_utf8_lossy(&o.stdout));
+    let o = node.mig(&["assert", "-f", &exported, "-c", "current"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = node.mig(&["export", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&String::from_utf8_lossy(&o.stdout)).unwrap();
+    assert_eq!(v["mig-configs"]["current"][0]["mig-devices"]["1g.10gb"], 4);
+    assert_eq!(
+        v["mig-configs"]["current"][0]["devices"]
+            .as_array()
+            .unwrap()
+            .len(),
+        8
+    );
+}
+
+#[test]
+fn config_errors_name_file_line_and_config() {
+    let node = Node::new("dgx-h100");
+    let cfg = node.file(
+        "typo.yaml",
+        "version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: true\n      mig-devicez: {}\n",
+    );
+    let o = node.apply(&cfg, "x");
+    assert!(!o.status.success());
+    let out = text(&o);
+    assert!(out.contains("typo.yaml") && out.contains("6"), "{out}");
+    let o = node.apply(SEED, "no-such-config");
+    assert!(
+        text(&o).contains("all-1g.10gb"),
+        "lists known configs: {}",
+        text(&o)
+    );
+}
+
+#[test]
+fn nvidia_default_configs_validate_and_apply_on_every_mig_model() {
+    let defaults = gpuops_mig::config::nvidia_default_configs();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("defaults.yaml");
+    std::fs::write(&file, defaults.to_yaml()).unwrap();
+    let file = file.to_str().unwrap();
+    let o = run(&["mig", "validate", "-f", file]);
+    assert!(o.status.success(), "{}", text(&o));
+    for model in gpuops_catalog::models().iter().filter(|m| m.mig_capable()) {
+        let node = Node::new(&{
+            let fleet = dir.path().join(format!("{}.yaml", model.key));
+            std::fs::write(&fleet, format!("gpus:\n  - model: {}\n", model.key)).unwrap();
+            fleet.to_str().unwrap().to_string()
+        });
+        let mut applied = 0;
+        for name in defaults.names() {
+            let o = node.apply(file, name);
+            assert!(o.status.success(), "{} {name}:\n{}", model.key, text(&o));
+            assert!(
+                node.mig(&["assert", "-f", file, "-c", name])
+                    .status
+                    .success(),
+                "{} {name} asserts after apply",
+                model.key
+            );
+            // The entry meant for this model (by PCI id) is what the GPU must now have.
+            let named = defaults.get(name).unwrap();
+            let entry = named.entries.iter().rev().find(|e| {
+                e.filters.is_empty()
+                    || e.filters
+                        .iter()
+                        .any(|f| model.pci_device_ids.contains(&((f.device >> 16) as u16)))
+            });
+            if let Some(entry) = entry {
+                let layout = &node.layouts()[0];
+                let want: usize = entry.mig_devices.values().map(|n| *n as usize).sum();
+                assert_eq!(
+                    layout.len(),
+                    if entry.mig_enabled { want } else { 0 },
+                    "{} {name}: {layout:?}",
+                    model.key
+                );
+                for (profile, n) in &entry.mig_devices {
+                    assert_eq!(
+                        counts(layout, profile),
+                        *n as usize,
+                        "{} {name}: {layout:?}",
+                        model.key
+                    );
+                }
+                applied += 1;
+            }
+        }
+        assert!(
+            applied >= 3,
+            "{}: only {applied} default configs were meant for it",
+            model.key
+        );
+    }
+}

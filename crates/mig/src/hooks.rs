@@ -1,0 +1,141 @@
+//! mig-parted hooks files: commands run at fixed points of an apply.
+//!
+//! Order, as mig-parted: `apply-start`, then `pre-apply-mode` (only when a mode changes), then
+//! `pre-apply-config` (only when a layout changes), and `apply-exit` always, even after a failure.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// The points at which hooks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookPoint {
+    ApplyStart,
+    PreApplyMode,
+    PreApplyConfig,
+    ApplyExit,
+}
+
+impl HookPoint {
+    pub fn name(self) -> &'static str {
+        match self {
+            HookPoint::ApplyStart => "apply-start",
+            HookPoint::PreApplyMode => "pre-apply-mode",
+            HookPoint::PreApplyConfig => "pre-apply-config",
+            HookPoint::ApplyExit => "apply-exit",
+        }
+    }
+}
+
+/// One command to run.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hook {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment for the command.
+    #[serde(default)]
+    pub envs: BTreeMap<String, String>,
+    /// Working directory (default: the current one).
+    #[serde(default)]
+    pub workdir: Option<String>,
+}
+
+/// A parsed hooks file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hooks {
+    pub version: String,
+    #[serde(default)]
+    pub hooks: HookLists,
+}
+
+/// Hooks per point.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct HookLists {
+    #[serde(default)]
+    pub apply_start: Vec<Hook>,
+    #[serde(default)]
+    pub pre_apply_mode: Vec<Hook>,
+    #[serde(default)]
+    pub pre_apply_config: Vec<Hook>,
+    #[serde(default)]
+    pub apply_exit: Vec<Hook>,
+}
+
+/// A hooks file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("hooks file {origin}: {message}")]
+pub struct HooksError {
+    pub origin: String,
+    pub message: String,
+}
+
+impl Hooks {
+    /// Parses a hooks file; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Hooks, HooksError> {
+        let err = |message: String| HooksError {
+            origin: origin.to_string(),
+            message,
+        };
+        let hooks: Hooks = serde_saphyr::from_str(text).map_err(|e| err(e.to_string()))?;
+        if hooks.version != "v1" {
+            return Err(err(format!(
+                "version {:?} is not supported (use v1)",
+                hooks.version
+            )));
+        }
+        for point in [
+            HookPoint::ApplyStart,
+            HookPoint::PreApplyMode,
+            HookPoint::PreApplyConfig,
+            HookPoint::ApplyExit,
+        ] {
+            if hooks.at(point).iter().any(|h| h.command.trim().is_empty()) {
+                return Err(err(format!("a {} hook has an empty command", point.name())));
+            }
+        }
+        Ok(hooks)
+    }
+
+    /// The hooks to run at a point, in file order.
+    pub fn at(&self, point: HookPoint) -> &[Hook] {
+        match point {
+            HookPoint::ApplyStart => &self.hooks.apply_start,
+            HookPoint::PreApplyMode => &self.hooks.pre_apply_mode,
+            HookPoint::PreApplyConfig => &self.hooks.pre_apply_config,
+            HookPoint::ApplyExit => &self.hooks.apply_exit,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_point_and_rejects_bad_files() {
+        let text = "version: v1\nhooks:\n  apply-start:\n    - command: /bin/echo\n      args: [start]\n      envs: {A: b}\n  apply-exit:\n    - command: /bin/true\n      workdir: /\n";
+        let h = Hooks::parse(text, "hooks.yaml").unwrap();
+        assert_eq!(h.at(HookPoint::ApplyStart)[0].args, vec!["start"]);
+        assert_eq!(h.at(HookPoint::ApplyStart)[0].envs["A"], "b");
+        assert_eq!(h.at(HookPoint::ApplyExit)[0].workdir.as_deref(), Some("/"));
+        assert!(h.at(HookPoint::PreApplyMode).is_empty());
+        for (bad, needle) in [
+            ("version: v2\n", "version"),
+            ("version: v1\nhooks:\n  apply-begin: []\n", "unknown field"),
+            (
+                "version: v1\nhooks:\n  apply-start:\n    - args: [x]\n",
+                "command",
+            ),
+            (
+                "version: v1\nhooks:\n  apply-start:\n    - command: ' '\n",
+                "empty command",
+            ),
+        ] {
+            let e = Hooks::parse(bad, "h.yaml").unwrap_err().to_string();
+            assert!(e.contains("h.yaml") && e.contains(needle), "{bad:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,678 @@
+//! Placement planning: which MIG devices to keep, destroy and create on one GPU so that it ends up
+//! with exactly the wanted devices, each at an explicit placement.
+//!
+//! The search is exact. A GPU has at most 8 memory slices, so a layout has at most 8 instances;
+//! [`check`] backtracks over the wanted instances largest first, trying each profile's placement
+//! starts from the highest down. [`plan`] enumerates the subsets of the current instances that could
+//! survive (largest subsets first, then the ones holding the lowest-placed instances) and returns the
+//! first subset around which the rest can be placed, so it keeps as many current instances as any
+//! layout with the wanted counts could. Same input, same output.
+//!
+//! Only the counts decide the compute-slice total and the per-profile maxima, so those are checked
+//! once up front; the searches only have to avoid overlapping memory slices.
+
+use crate::layout::{Instance, Layout};
+use gpuops_catalog::{GiProfile, GpuModel, ProfileName, ProfileNameErrorKind, ci_sizes};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What to do to one GPU to go from `current` to a layout with exactly `wanted` MIG devices.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The complete wanted layout with explicit placements (canonical device names).
+    pub target: Layout,
+    /// Instances in both current and target (same profile including the CI part, same start),
+    /// named canonically as in `target`.
+    pub keep: Vec<Instance>,
+    /// Instances of current that are not in target, exactly as `current` spelled them.
+    pub destroy: Vec<Instance>,
+    /// Instances of target that are not in current. After all destroys, creating them one by one
+    /// with explicit placements in this order is valid (every prefix is part of the valid target).
+    pub create: Vec<Instance>,
+}
+
+impl Plan {
+    /// Whether the GPU already has the target layout.
+    pub fn is_noop(&self) -> bool {
+        self.destroy.is_empty() && self.create.is_empty()
+    }
+}
+
+/// Why no layout with the wanted MIG devices exists on a model. `Display` is the explanation users
+/// see; the fields carry the numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Infeasible {
+    /// The model has no MIG at all.
+    #[error("{model} does not support MIG")]
+    NotMigCapable { model: String },
+    /// A wanted name is not a MIG device name at all.
+    #[error("{name} is not a MIG device name ({reason})")]
+    BadName { name: String, reason: String },
+    /// A `Cc.` prefix names a compute-instance size the GPU instance cannot hold.
+    #[error(
+        "{name}: a {gpu_slices}g GPU instance cannot hold a {compute_slices}-slice compute instance (valid: {})",
+        join(valid)
+    )]
+    ComputeInstance {
+        name: String,
+        gpu_slices: u32,
+        compute_slices: u32,
+        valid: Vec<u32>,
+    },
+    /// The model offers no such GPU-instance profile.
+    #[error("{name} is not a MIG profile of {model} (profiles: {})", profiles.join(", "))]
+    UnknownProfile {
+        name: String,
+        model: String,
+        profiles: Vec<String>,
+    },
+    /// More instances of one GPU-instance profile than the model allows (CI variants count together).
+    #[error("{wanted}x {profile} exceeds the maximum of {max} {profile} on {model}")]
+    TooMany {
+        profile: String,
+        wanted: u64,
+        max: u32,
+        model: String,
+    },
+    /// The instances need more memory slices than the GPU has.
+    #[error("{wanted} needs {needed} of {available} memory slices on {model}")]
+    MemorySlices {
+        wanted: String,
+        needed: u64,
+        available: u32,
+        model: String,
+    },
+    /// The instances need more compute slices than the GPU has.
+    #[error("{wanted} needs {needed} of {available} compute slices on {model}")]
+    ComputeSlices {
+        wanted: String,
+        needed: u64,
+        available: u32,
+        model: String,
+    },
+    /// The slice totals fit but no arrangement of placements does; `detail` says where the
+    /// closest arrangement the search found got stuck.
+    #[error("{wanted} has no valid placement on {model}: {}", detail.reason)]
+    Placement {
+        wanted: String,
+        model: String,
+        detail: Box<PlacementDetail>,
+    },
+}
+
+/// Where the closest arrangement of an [`Infeasible::Placement`] got stuck: with `placed` in place,
+/// `profile` (valid starts `starts`) has the free starts `free`, room for `room` instances, but
+/// `needed` are wanted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlacementDetail {
+    pub profile: String,
+    pub starts: Vec<u32>,
+    pub placed: Vec<Instance>,
+    pub free: Vec<u32>,
+    pub room: u32,
+    pub needed: u32,
+    /// The explanation, e.g. `2g.20gb can start only at slots 0, 2, 4; with 3g.40gb at 0-3 only
+    /// slot 4 is left, but 2 are needed`.
+    pub reason: String,
+}
+
+/// Plans the change of one GPU of `model` from `current` to a layout with exactly `wanted` MIG
+/// devices (`{"1g.10gb": 2, "1c.3g.40gb": 1}`; zero counts are ignored, names are matched
+/// case-insensitively and written canonically in the plan).
+///
+/// The target keeps as many current instances as any feasible layout can; current instances that
+/// are not valid on the model (unknown profile, invalid start, overlapping a kept one) are destroyed.
+pub fn plan(
+    model: &GpuModel,
+    wanted: &BTreeMap<String, u32>,
+    current: &Layout,
+) -> Result<Plan, Infeasible> {
+    let demand = Demand::new(model, wanted)?;
+    let cands = demand.candidates(model, current);
+    for subset in demand.keepable_subsets(&cands) {
+        let mut occupied = 0u64;
+        let mut remaining = demand.counts.clone();
+        for &c in &subset {
+            occupied |= cands[c].mask;
+            remaining[cands[c].item] -= 1;
+        }
+        let mut search = Search::new(&demand, &remaining, occupied);
+        if search.run() {
+            return Ok(assemble(
+                &demand,
+                current,
+                &cands,
+                &subset,
+                search.placed_instances(),
+            ));
+        }
+    }
+    // Not even the empty subset (a fresh layout) works.
+    Err(demand.placement_error(model))
+}
+
+/// Whether `wanted` fits on an empty GPU of `model`; the layout [`plan`] would create from empty.
+pub fn check(model: &GpuModel, wanted: &BTreeMap<String, u32>) -> Result<Layout, Infeasible> {
+    plan(model, wanted, &Layout::default()).map(|p| p.target)
+}
+
+/// `1, 2, 4`.
+fn join(values: &[u32]) -> String {
+    values
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `slot 4` / `slots 0, 2, 4`.
+fn slots(values: &[u32]) -> String {
+    match values {
+        [one] => format!("slot {one}"),
+        _ => format!("slots {}", join(values)),
+    }
+}
+
+/// The concrete reason of an [`Infeasible::Placement`], e.g. `2g.20gb can start only at slots 0,
+/// 2, 4; with 3g.40gb at 0-3 only slot 4 is left, but 2 are needed`. `placed` holds the other
+/// instances with their memory-slice counts.
+fn placement_reason(
+    profile: &str,
+    starts: &[u32],
+    placed: &[(Instance, u32)],
+    free: &[u32],
+    room: u32,
+    needed: u32,
+) -> String {
+    let starts_text = if starts.is_empty() {
+        format!("{profile} has no usable placement")
+    } else {
+        format!("{profile} can start only at {}", slots(starts))
+    };
+    let need = if needed == 1 {
+        "1 is needed".to_string()
+    } else {
+        format!("{needed} are needed")
+    };
+    if placed.is_empty() {
+        return format!("{starts_text}, room for {room}, but {need}");
+    }
+    let others = placed
+        .iter()
+        .map(|(i, size)| match size {
+            0 | 1 => format!("{} at {}", i.profile, i.start),
+            n => format!("{} at {}-{}", i.profile, i.start, i.start + n - 1),
+        })
+        .collect::<Vec<_>>();
+    let others = match others.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => others.join(""),
+    };
+    let left = match free {
+        [] => "no slot is left".to_string(),
+        [one] => format!("only slot {one} is left"),
+        many if room as usize == many.len() => format!("only slots {} are left", join(many)),
+        many => format!("only slots {} are left (room for {room})", join(many)),
+    };
+    format!("{starts_text}; with {others} {left}, but {need}")
+}
+
+/// One wanted MIG device name and what it occupies.
+#[derive(Debug)]
+struct Item {
+    /// Canonical MIG device name (`1c.3g.40gb`, `1g.10gb+me`).
+    name: String,
+    gi: &'static GiProfile,
+    /// Usable placements: (start, memory-slice bit mask), highest start first.
+    placements: Vec<(u32, u64)>,
+}
+
+/// The validated wanted devices of one GPU, in search order (largest first).
+#[derive(Debug)]
+struct Demand {
+    items: Vec<Item>,
+    counts: Vec<u32>,
+    /// `2x 3g.40gb + 2x 1g.10gb`, in search order, for messages.
+    described: String,
+}
+
+/// A current instance that could be kept: valid on the model and wanted.
+#[derive(Debug)]
+struct Candidate {
+    /// Index into `current.instances`.
+    index: usize,
+    /// Index into `Demand::items`.
+    item: usize,
+    start: u32,
+    mask: u64,
+}
+
+/// The bit mask of `size` memory slices from `start`, if they lie within the GPU's `total`.
+fn slice_mask(start: u32, size: u32, total: u32) -> Option<u64> {
+    let end = start.checked_add(size)?;
+    if size == 0 || end > total || total > 64 {
+        return None;
+    }
+    let run = if size == 64 {
+        u64::MAX
+    } else {
+        (1u64 << size) - 1
+    };
+    Some(run << start)
+}
+
+/// A MIG device name resolved against a model: canonical name and GI profile.
+fn resolve(model: &GpuModel, name: &str) -> Result<(String, &'static GiProfile), Infeasible> {
+    let parsed: ProfileName =
+        name.parse()
+            .map_err(|e: gpuops_catalog::ProfileNameError| match e.kind {
+                ProfileNameErrorKind::InvalidComputeSize { compute, gpu, .. }
+                | ProfileNameErrorKind::ComputeExceedsGpu { compute, gpu } => {
+                    Infeasible::ComputeInstance {
+                        name: name.trim().to_string(),
+                        gpu_slices: gpu,
+                        compute_slices: compute,
+                        valid: ci_sizes(gpu),
+                    }
+                }
+                kind => Infeasible::BadName {
+                    name: name.to_string(),
+                    reason: kind.to_string(),
+                },
+            })?;
+    let gi_name = parsed.gi_name();
+    let Some(gi) = model.gi_profile(&gi_name) else {
+        return Err(Infeasible::UnknownProfile {
+            name: gi_name,
+            model: model.key.to_string(),
+            profiles: model
+                .mig
+                .as_ref()
+                .map(|m| m.gi_profiles.iter().map(|p| p.name.to_string()).collect())
+                .unwrap_or_default(),
+        });
+    };
+    let canonical = match parsed.compute_slices {
+        Some(c) if c != gi.compute_slices => {
+            let valid = ci_sizes(gi.compute_slices);
+            if !valid.contains(&c) {
+                return Err(Infeasible::ComputeInstance {
+                    name: parsed.to_string(),
+                    gpu_slices: gi.compute_slices,
+                    compute_slices: c,
+                    valid,
+                });
+            }
+            format!("{c}c.{}", gi.name)
+        }
+        _ => gi.name.to_string(),
+    };
+    Ok((canonical, gi))
+}
+
+impl Demand {
+    /// Validates `wanted` on `model`: names, maxima, memory and compute totals.
+    fn new(model: &GpuModel, wanted: &BTreeMap<String, u32>) -> Result<Demand, Infeasible> {
+        let key = model.key.to_string();
+        let Some(geometry) = model.mig.as_ref() else {
+            return Err(Infeasible::NotMigCapable { model: key });
+        };
+        let mut by_name: BTreeMap<String, (&'static GiProfile, u64)> = BTreeMap::new();
+        for (name, &n) in wanted {
+            if n == 0 {
+                continue;
+            }
+            let (canonical, gi) = resolve(model, name)?;
+            by_name.entry(canonical).or_insert((gi, 0)).1 += u64::from(n);
+        }
+        // Per-GI-profile maxima, CI variants together, in catalog order.
+        for p in geometry.gi_profiles {
+            let total: u64 = by_name
+                .values()
+                .filter(|(gi, _)| gi.name == p.name)
+                .map(|(_, n)| n)
+                .sum();
+            if total > u64::from(p.max_count) {
+                return Err(Infeasible::TooMany {
+                    profile: p.name.to_string(),
+                    wanted: total,
+                    max: p.max_count,
+                    model: key,
+                });
+            }
+        }
+        // Every count is now at most a profile maximum, so the list below is small.
+        let mut entries: Vec<(String, &'static GiProfile, u32)> = by_name
+            .into_iter()
+            .map(|(name, (gi, n))| (name, gi, u32::try_from(n).unwrap_or(u32::MAX)))
+            .collect();
+        entries.sort_by(|a, b| {
+            b.1.memory_slices
+                .cmp(&a.1.memory_slices)
+                .then(a.1.placement_starts.len().cmp(&b.1.placement_starts.len()))
+                .then(b.1.compute_slices.cmp(&a.1.compute_slices))
+                .then(a.0.cmp(&b.0))
+        });
+        let described = if entries.is_empty() {
+            "no MIG devices".to_string()
+        } else {
+            entries
+                .iter()
+                .map(|(name, _, n)| format!("{n}x {name}"))
+                .collect::<Vec<_>>()
+                .join(" + ")
+        };
+        let memory: u64 = entries
+            .iter()
+            .map(|(_, gi, n)| u64::from(gi.memory_slices) * u64::from(*n))
+            .sum();
+        if memory > u64::from(geometry.memory_slices) {
+            return Err(Infeasible::MemorySlices {
+                wanted: described,
+                needed: memory,
+                available: geometry.memory_slices,
+                model: key,
+            });
+        }
+        let compute: u64 = entries
+            .iter()
+            .map(|(_, gi, n)| u64::from(gi.compute_slices) * u64::from(*n))
+            .sum();
+        if compute > u64::from(geometry.compute_slices) {
+            return Err(Infeasible::ComputeSlices {
+                wanted: described,
+                needed: compute,
+                available: geometry.compute_slices,
+                model: key,
+            });
+        }
+        let mut items = Vec::with_capacity(entries.len());
+        let mut counts = Vec::with_capacity(entries.len());
+        for (name, gi, n) in entries {
+            let mut placements: Vec<(u32, u64)> = gi
+                .placement_starts
+                .iter()
+                .filter_map(|&s| {
+                    slice_mask(s, gi.memory_slices, geometry.memory_slices).map(|m| (s, m))
+                })
+                .collect();
+            // Highest start first: big profiles can only start low (4g and 7g at slot 0), so
+            // packing to the right keeps room for whatever is added later (a superset of today's
+            // layout then never has to move anything).
+            placements.sort_unstable_by(|a, b| b.cmp(a));
+            placements.dedup();
+            items.push(Item {
+                name,
+                gi,
+                placements,
+            });
+            counts.push(n);
+        }
+        Ok(Demand {
+            items,
+            counts,
+            described,
+        })
+    }
+
+    /// The current instances that could be kept: valid on the model, at a valid start, and of a
+    /// wanted name. Sorted by start, then name, then position in `current`.
+    fn candidates(&self, model: &GpuModel, current: &Layout) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        for (index, inst) in current.instances.iter().enumerate() {
+            let Ok((canonical, _)) = resolve(model, &inst.profile) else {
+                continue;
+            };
+            let Some(item) = self.items.iter().position(|i| i.name == canonical) else {
+                continue;
+            };
+            let Some(&(start, mask)) = self.items[item]
+                .placements
+                .iter()
+                .find(|(s, _)| *s == inst.start)
+            else {
+                continue;
+            };
+            out.push(Candidate {
+                index,
+                item,
+                start,
+                mask,
+            });
+        }
+        out.sort_by(|a, b| {
+            a.start
+                .cmp(&b.start)
+                .then_with(|| self.items[a.item].name.cmp(&self.items[b.item].name))
+                .then(a.index.cmp(&b.index))
+        });
+        out
+    }
+
+    /// Every subset of `cands` that can coexist (no overlap, within the wanted counts), largest
+    /// first, then lexicographically by candidate position (lowest starts kept first). Always
+    /// ends with the empty subset.
+    fn keepable_subsets(&self, cands: &[Candidate]) -> Vec<Vec<usize>> {
+        fn walk(
+            cands: &[Candidate],
+            at: usize,
+            occupied: u64,
+            left: &mut [u32],
+            chosen: &mut Vec<usize>,
+            out: &mut Vec<Vec<usize>>,
+        ) {
+            if at == cands.len() {
+                out.push(chosen.clone());
+                return;
+            }
+            let c = &cands[at];
+            if occupied & c.mask == 0 && left[c.item] > 0 {
+                left[c.item] -= 1;
+                chosen.push(at);
+                walk(cands, at + 1, occupied | c.mask, left, chosen, out);
+                chosen.pop();
+                left[c.item] += 1;
+            }
+            walk(cands, at + 1, occupied, left, chosen, out);
+        }
+        let mut out = Vec::new();
+        let mut left = self.counts.clone();
+        walk(cands, 0, 0, &mut left, &mut Vec::new(), &mut out);
+        // The walk yields subsets in lexicographic order already; a stable sort by size keeps it.
+        out.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        out
+    }
+
+    /// The explanation of why nothing fits from empty, from the deepest partial placement.
+    fn placement_error(&self, model: &GpuModel) -> Infeasible {
+        let mut search = Search::new(self, &self.counts, 0);
+        search.track_best = true;
+        search.run();
+        let best = search.best;
+        // The first item not fully placed in the deepest partial placement.
+        let mut placed_per_item = vec![0u32; self.items.len()];
+        for &(item, _) in &best {
+            placed_per_item[item] += 1;
+        }
+        let stuck = (0..self.items.len())
+            .find(|&i| placed_per_item[i] < self.counts[i])
+            .unwrap_or(0);
+        let mut others = 0u64;
+        let mut placed = Vec::new();
+        for &(item, start) in &best {
+            if item == stuck {
+                continue;
+            }
+            let it = &self.items[item];
+            if let Some(&(_, mask)) = it.placements.iter().find(|(s, _)| *s == start) {
+                others |= mask;
+            }
+            placed.push((Instance::new(it.name.clone(), start), it.gi.memory_slices));
+        }
+        placed.sort_by(|a, b| {
+            a.0.start
+                .cmp(&b.0.start)
+                .then_with(|| a.0.profile.cmp(&b.0.profile))
+        });
+        let (profile, starts, placements, needed) = match self.items.get(stuck) {
+            Some(it) => (
+                it.name.clone(),
+                it.gi.placement_starts.to_vec(),
+                it.placements.as_slice(),
+                self.counts[stuck],
+            ),
+            None => (String::new(), Vec::new(), &[][..], 0),
+        };
+        let mut free: Vec<u32> = placements
+            .iter()
+            .filter(|(_, m)| m & others == 0)
+            .map(|(s, _)| *s)
+            .collect();
+        free.sort_unstable();
+        // Equal-size aligned intervals: greedy from either end fits the most.
+        let mut room = 0;
+        let mut taken = others;
+        for (_, m) in placements {
+            if m & taken == 0 {
+                taken |= m;
+                room += 1;
+            }
+        }
+        let reason = placement_reason(&profile, &starts, &placed, &free, room, needed);
+        Infeasible::Placement {
+            wanted: self.described.clone(),
+            model: model.key.to_string(),
+            detail: Box::new(PlacementDetail {
+                profile,
+                starts,
+                placed: placed.into_iter().map(|(i, _)| i).collect(),
+                free,
+                room,
+                needed,
+                reason,
+            }),
+        }
+    }
+}
+
+/// Backtracking placement of the remaining counts around already occupied slices.
+struct Search<'d> {
+    demand: &'d Demand,
+    /// One entry per instance to place: item index, in search order.
+    slots: Vec<usize>,
+    /// Placement index chosen for each slot.
+    chosen: Vec<usize>,
+    occupied: u64,
+    track_best: bool,
+    /// The deepest partial placement seen (item, start), when `track_best`.
+    best: Vec<(usize, u32)>,
+}
+
+impl<'d> Search<'d> {
+    fn new(demand: &'d Demand, remaining: &[u32], occupied: u64) -> Search<'d> {
+        let slots: Vec<usize> = remaining
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &n)| std::iter::repeat_n(i, n as usize))
+            .collect();
+        Search {
+            demand,
+            chosen: Vec::with_capacity(slots.len()),
+            slots,
+            occupied,
+            track_best: false,
+            best: Vec::new(),
+        }
+    }
+
+    /// Places every slot; on success `chosen` holds the placements.
+    fn run(&mut self) -> bool {
+        self.place(0)
+    }
+
+    fn place(&mut self, depth: usize) -> bool {
+        if self.track_best && depth > self.best.len() {
+            self.best = self.placed();
+        }
+        let Some(&item) = self.slots.get(depth) else {
+            return true;
+        };
+        // Instances of one name are interchangeable: place them at increasing placements.
+        let first = match depth.checked_sub(1) {
+            Some(prev) if self.slots[prev] == item => self.chosen[prev] + 1,
+            _ => 0,
+        };
+        let demand = self.demand;
+        for (p, &(_, mask)) in demand.items[item].placements.iter().enumerate().skip(first) {
+            if self.occupied & mask != 0 {
+                continue;
+            }
+            self.occupied |= mask;
+            self.chosen.push(p);
+            if self.place(depth + 1) {
+                return true;
+            }
+            self.chosen.pop();
+            self.occupied &= !mask;
+        }
+        false
+    }
+
+    /// (item, start) of every placed slot.
+    fn placed(&self) -> Vec<(usize, u32)> {
+        self.chosen
+            .iter()
+            .zip(&self.slots)
+            .map(|(&p, &item)| (item, self.demand.items[item].placements[p].0))
+            .collect()
+    }
+
+    fn placed_instances(&self) -> Vec<Instance> {
+        self.placed()
+            .into_iter()
+            .map(|(item, start)| Instance::new(self.demand.items[item].name.clone(), start))
+            .collect()
+    }
+}
+
+/// The plan that keeps `subset` of `cands` and creates `created`.
+fn assemble(
+    demand: &Demand,
+    current: &Layout,
+    cands: &[Candidate],
+    subset: &[usize],
+    created: Vec<Instance>,
+) -> Plan {
+    let kept_index: Vec<usize> = subset.iter().map(|&c| cands[c].index).collect();
+    let keep: Vec<Instance> = {
+        let mut k: Vec<Instance> = subset
+            .iter()
+            .map(|&c| {
+                let cand = &cands[c];
+                Instance::new(demand.items[cand.item].name.clone(), cand.start)
+            })
+            .collect();
+        k.sort_by(|a, b| {
+            a.start
+                .cmp(&b.start)
+                .then_with(|| a.profile.cmp(&b.profile))
+        });
+        k
+    };
+    let destroy: Vec<Instance> = current
+        .instances
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !kept_index.contains(i))
+        .map(|(_, inst)| inst.clone())
+        .collect();
+    let create = Layout::new(created).instances;
+    let target = Layout::new(keep.iter().chain(&create).cloned().collect());
+    Plan {
+        target,
+        keep,
+        destroy,
+        create,
+    }
+}
