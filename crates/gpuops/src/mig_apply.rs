@@ -311,16 +311,10 @@ fn destroy(gpus: &Gpus, p: &GpuPlan, instances: &[Instance], step: &mut dyn FnMu
         return Ok(());
     }
     // Ids are read fresh: a previous, interrupted apply may have left the GPU in between.
-    let inv = gpus.snapshot()?;
-    let gpu = inv
-        .gpus
-        .iter()
-        .find(|g| g.index == p.gpu)
-        .ok_or_else(|| anyhow!("GPU {} vanished", p.gpu))?;
+    let devices = gpus.mig_devices_of(p.gpu)?;
     let mut gone: Vec<(u32, u32)> = Vec::new();
     for inst in instances {
-        let Some(dev) = gpu
-            .mig_devices
+        let Some(dev) = devices
             .iter()
             .find(|m| m.ci_profile == inst.profile && m.placement_start == inst.start)
         else {
@@ -331,8 +325,7 @@ fn destroy(gpus: &Gpus, p: &GpuPlan, instances: &[Instance], step: &mut dyn FnMu
             .with_context(|| format!("destroying {inst} on GPU {}", p.gpu))?;
         gone.push((dev.gi_id, dev.ci_id));
         // A GPU instance can go only once all its compute instances have.
-        let left = gpu
-            .mig_devices
+        let left = devices
             .iter()
             .filter(|m| m.gi_id == dev.gi_id && !gone.contains(&(m.gi_id, m.ci_id)))
             .count();

@@ -62,7 +62,7 @@ fn main() {
     let iterations = std::env::args()
         .skip(1)
         .find_map(|a| a.parse::<u32>().ok())
-        .unwrap_or(20);
+        .unwrap_or(50);
     bench("(a) 10-profile mix, H100 fleet", &mix, &h100, iterations);
     bench(
         "(b) 10-profile mix, 600x H100 + A100-80GB",

@@ -598,7 +598,8 @@ impl<'d> Search<'d> {
         let Some(&item) = self.slots.get(depth) else {
             return true;
         };
-        // Instances of one name are interchangeable: place them at increasing placements.
+        // Instances of one name are interchangeable: each takes a later placement in the list than
+        // the previous one (a lower start).
         let first = match depth.checked_sub(1) {
             Some(prev) if self.slots[prev] == item => self.chosen[prev] + 1,
             _ => 0,

@@ -71,6 +71,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetName");
     query(device, |t| {
         let text = mig_name(t)?;
         // SAFETY: NVML contract: `name` is null or valid for `length` bytes.
@@ -84,6 +85,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetUUID");
     query(device, |t| {
         let text = t
             .mig
@@ -99,6 +101,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
     serial: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetSerial");
     // SAFETY: NVML contract: `serial` is null or valid for `length` bytes.
     query_gpu(device, |t| unsafe {
         put_str(serial, length, &t.gpu.serial)
@@ -110,6 +113,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
     device: nvmlDevice_t,
     index: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetIndex");
     // SAFETY: NVML contract: `index` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe { put(index, t.gpu.index) })
 }
@@ -119,6 +123,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     device: nvmlDevice_t,
     minor: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetMinorNumber");
     // SAFETY: NVML contract: `minor` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe { put(minor, t.gpu.minor_number) })
 }
@@ -160,6 +165,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: nvmlDevice_t,
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetPciInfo_v3");
     query(device, |t| {
         let info = pci_info(t.gpu);
         // SAFETY: NVML contract: `pci` is null or a valid out-pointer.
@@ -172,6 +178,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
     device: nvmlDevice_t,
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetPciInfo_v2");
     // SAFETY: forwarded with the same contract.
     unsafe { nvmlDeviceGetPciInfo_v3(device, pci) }
 }
@@ -181,6 +188,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetMemoryInfo");
     query(device, |t| {
         let (total, reserved, used) = memory_mib(t)?;
         let info = nvmlMemory_t {
@@ -204,6 +212,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetMemoryInfo_v2");
     query(device, |t| {
         if memory.is_null() {
             return Err(NvmlCode::InvalidArgument);
@@ -231,6 +240,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: nvmlDevice_t,
     util: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetUtilizationRates");
     // Not supported on MIG devices, as on real drivers.
     query_gpu(device, |t| {
         let u = nvmlUtilization_t {
@@ -268,6 +278,7 @@ pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
     util: *mut c_uint,
     period: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetEncoderUtilization");
     // SAFETY: forwarded with the same contract.
     unsafe { codec_util(device, util, period, false) }
 }
@@ -278,6 +289,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
     util: *mut c_uint,
     period: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetDecoderUtilization");
     // SAFETY: forwarded with the same contract.
     unsafe { codec_util(device, util, period, true) }
 }
@@ -288,6 +300,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensor: nvmlTemperatureSensors_t,
     temp: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetTemperature");
     query_gpu(device, |t| {
         if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
             return Err(NvmlCode::InvalidArgument);
@@ -302,6 +315,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: nvmlDevice_t,
     power: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetPowerUsage");
     // SAFETY: NVML contract: `power` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe { put(power, t.gpu.load.power_mw) })
 }
@@ -311,6 +325,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
     device: nvmlDevice_t,
     energy: *mut u64,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetTotalEnergyConsumption");
     // SAFETY: NVML contract: `energy` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe {
         put(energy, t.gpu.energy_mj(now_ms()))
@@ -322,6 +337,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     device: nvmlDevice_t,
     value: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetPcieReplayCounter");
     // SAFETY: NVML contract: `value` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe { put(value, t.gpu.pcie_replay_counter) })
 }
@@ -347,6 +363,7 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
     clock_type: nvmlClockType_t,
     mhz: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetClockInfo");
     // SAFETY: NVML contract: `mhz` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe {
         put(mhz, clock(t, clock_type, false)?)
@@ -359,6 +376,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
     clock_type: nvmlClockType_t,
     mhz: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetMaxClockInfo");
     // SAFETY: NVML contract: `mhz` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe { put(mhz, clock(t, clock_type, true)?) })
 }
@@ -384,6 +402,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     count: i32,
     values: *mut nvmlFieldValue_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetFieldValues");
     query_gpu(device, |t| {
         if values.is_null() || count < 0 {
             return Err(NvmlCode::InvalidArgument);
@@ -420,6 +439,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
     device: nvmlDevice_t,
     node: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetNumaNodeId");
     // SAFETY: NVML contract: `node` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe { put(node, t.gpu.numa_node) })
 }
@@ -441,6 +461,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCpuAffinity(
     size: c_uint,
     cpus: *mut c_ulong,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetCpuAffinity");
     query_gpu(device, |t| {
         let mask = numa_cpu_mask(t.gpu.numa_node, size as usize);
         // SAFETY: NVML contract: `cpus` is null or valid for `size` words.
@@ -455,6 +476,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryAffinity(
     nodes: *mut c_ulong,
     _scope: c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetMemoryAffinity");
     query_gpu(device, |t| {
         let mut mask = vec![0 as c_ulong; size as usize];
         let node = t.gpu.numa_node;
@@ -486,6 +508,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
     device2: nvmlDevice_t,
     level: *mut nvmlGpuTopologyLevel_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetTopologyCommonAncestor");
     query_gpu(device1, |t| {
         let other = other_gpu(t.state, device2)?;
         let value = if other.index == t.gpu.index {
@@ -521,6 +544,7 @@ pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
     caps: nvmlGpuP2PCapsIndex_t,
     status: *mut nvmlGpuP2PStatus_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetP2PStatus");
     query_gpu(device1, |t| {
         let other = other_gpu(t.state, device2)?;
         let ok = match caps {
@@ -563,6 +587,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     link: c_uint,
     active: *mut nvmlEnableState_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetNvLinkState");
     query_gpu(device, |t| {
         link_peer(t, link)?;
         // SAFETY: NVML contract: `active` is null or a valid out-pointer.
@@ -576,6 +601,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
     link: c_uint,
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetNvLinkRemotePciInfo_v2");
     query_gpu(device, |t| {
         let info = match link_peer(t, link)? {
             NvlinkPeer::Switch { bus } => switch_pci_info(bus),
@@ -595,6 +621,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
     link: c_uint,
     kind: *mut nvmlIntNvLinkDeviceType_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetNvLinkRemoteDeviceType");
     query_gpu(device, |t| {
         let value = match link_peer(t, link)? {
             NvlinkPeer::Switch { .. } => {
@@ -612,6 +639,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
     device: nvmlDevice_t,
     mode: *mut nvmlComputeMode_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetComputeMode");
     // SAFETY: NVML contract: `mode` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe { put(mode, t.gpu.compute_mode) })
 }
@@ -622,6 +650,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     major: *mut i32,
     minor: *mut i32,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetCudaComputeCapability");
     query(device, |t| {
         let (ma, mi) = model(t)?.compute_capability;
         // SAFETY: NVML contract: both are null or valid out-pointers.
@@ -637,6 +666,7 @@ pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
     device: nvmlDevice_t,
     arch: *mut nvmlDeviceArchitecture_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetArchitecture");
     query(device, |t| {
         let value = match model(t)?.family {
             Family::Volta => NVML_DEVICE_ARCH_VOLTA,
@@ -656,6 +686,7 @@ pub unsafe extern "C" fn nvmlDeviceGetBrand(
     device: nvmlDevice_t,
     brand: *mut nvmlBrandType_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetBrand");
     // SAFETY: NVML contract: `brand` is null or a valid out-pointer.
     query(device, |_| unsafe {
         put(brand, nvmlBrandType_enum_NVML_BRAND_NVIDIA)
@@ -668,6 +699,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetComputeRunningProcesses_v3");
     query(device, |t| {
         if count.is_null() {
             return Err(NvmlCode::InvalidArgument);

@@ -23,6 +23,7 @@ pub struct EventSet {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    crate::trace("nvmlEventSetCreate");
     ret((|| {
         let state = current_state()?;
         let mut guard = driver();
@@ -50,6 +51,7 @@ fn set_id(set: nvmlEventSet_t) -> Result<u64, NvmlCode> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    crate::trace("nvmlEventSetFree");
     ret((|| {
         let id = set_id(set)?;
         let mut guard = driver();
@@ -66,6 +68,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: nvmlDevice_t,
     types: *mut u64,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetSupportedEventTypes");
     // SAFETY: NVML contract: `types` is null or a valid out-pointer.
     query_gpu(device, |_| unsafe { put(types, SUPPORTED_EVENTS) })
 }
@@ -76,6 +79,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     types: u64,
     set: nvmlEventSet_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceRegisterEvents");
     query_gpu(device, |t| {
         if types & !SUPPORTED_EVENTS != 0 {
             return Err(NvmlCode::NotSupported);
@@ -134,6 +138,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut nvmlEventData_t,
     timeout_ms: u32,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlEventSetWait_v2");
     ret((|| {
         let id = set_id(set)?;
         if data.is_null() {
@@ -160,6 +165,7 @@ pub unsafe extern "C" fn nvmlEventSetWait(
     data: *mut nvmlEventData_t,
     timeout_ms: u32,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlEventSetWait");
     // SAFETY: forwarded with the same contract.
     unsafe { nvmlEventSetWait_v2(set, data, timeout_ms) }
 }

@@ -227,3 +227,23 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+/// Call tracing for benchmarks: with `GPUOPS_NVML_SIM_TRACE=FILE`, every NVML call appends its
+/// name to FILE, so a run's driver calls can be counted (real NVML has no such counter).
+fn trace(call: &str) {
+    static TRACE: std::sync::OnceLock<Option<Mutex<std::fs::File>>> = std::sync::OnceLock::new();
+    let sink = TRACE.get_or_init(|| {
+        let path = std::env::var_os("GPUOPS_NVML_SIM_TRACE")?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()
+            .map(Mutex::new)
+    });
+    if let Some(file) = sink {
+        use std::io::Write;
+        let mut f = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _ = writeln!(f, "{call}");
+    }
+}

@@ -59,6 +59,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetMigMode");
     query_gpu(device, |t| {
         t.gpu.mig_geometry()?;
         // SAFETY: NVML contract: both are null or valid out-pointers.
@@ -75,6 +76,7 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
     mode: c_uint,
     status: *mut nvmlReturn_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceSetMigMode");
     ret((|| {
         let index = device_index(device)?;
         if mode > NVML_DEVICE_MIG_ENABLE {
@@ -113,6 +115,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetGpuInstanceProfileInfo");
     // SAFETY: NVML contract: `info` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe {
         put(info, gi_profile_info(t.gpu, profile)?)
@@ -130,6 +133,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_v2_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetGpuInstanceProfileInfoV");
     query_gpu(device, |t| {
         if info.is_null() {
             return Err(NvmlCode::InvalidArgument);
@@ -169,6 +173,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     placements: *mut nvmlGpuInstancePlacement_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetGpuInstancePossiblePlacements_v2");
     query_gpu(device, |t| {
         let list: Vec<nvmlGpuInstancePlacement_t> = t
             .gpu
@@ -200,6 +205,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceRemainingCapacity(
     profile_id: c_uint,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetGpuInstanceRemainingCapacity");
     // SAFETY: NVML contract: `count` is null or a valid out-pointer.
     query_gpu(device, |t| unsafe {
         put(count, t.gpu.remaining_capacity(profile_id)?)
@@ -229,6 +235,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstance(
     profile_id: c_uint,
     gi: *mut nvmlGpuInstance_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceCreateGpuInstance");
     // SAFETY: forwarded with the same contract.
     unsafe { create_gi(device, profile_id, None, gi) }
 }
@@ -240,6 +247,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
     placement: *const nvmlGpuInstancePlacement_t,
     gi: *mut nvmlGpuInstance_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceCreateGpuInstanceWithPlacement");
     if placement.is_null() {
         return NvmlCode::InvalidArgument.code();
     }
@@ -251,6 +259,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gi: nvmlGpuInstance_t) -> nvmlReturn_t {
+    crate::trace("nvmlGpuInstanceDestroy");
     ret(gi_of(gi).and_then(|(gpu, id)| mutate(|s| gpu_mut(s, gpu)?.destroy_gi(id))))
 }
 
@@ -261,6 +270,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     gis: *mut nvmlGpuInstance_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetGpuInstances");
     query_gpu(device, |t| {
         t.gpu.gi_profile_by_id(profile_id)?;
         if count.is_null() {
@@ -289,6 +299,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     id: c_uint,
     gi: *mut nvmlGpuInstance_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetGpuInstanceById");
     query_gpu(device, |t| {
         let found = t.gpu.gi(id).map_err(|_| NvmlCode::NotFound)?;
         // SAFETY: NVML contract: `gi` is null or a valid out-pointer.
@@ -301,6 +312,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
     gi: nvmlGpuInstance_t,
     info: *mut nvmlGpuInstanceInfo_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlGpuInstanceGetInfo");
     ret((|| {
         let (gpu, id) = gi_of(gi)?;
         let s = current_state()?;
@@ -347,6 +359,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
     eng_profile: c_uint,
     info: *mut nvmlComputeInstanceProfileInfo_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlGpuInstanceGetComputeInstanceProfileInfo");
     // Only the shared engine profile exists (nvml.h).
     if eng_profile != 0 {
         return NvmlCode::NotSupported.code();
@@ -383,6 +396,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     profile_id: c_uint,
     ci: *mut nvmlComputeInstance_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlGpuInstanceCreateComputeInstance");
     // SAFETY: forwarded with the same contract.
     unsafe { create_ci(gi, profile_id, None, ci) }
 }
@@ -394,6 +408,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstanceWithPlacement(
     placement: *const nvmlComputeInstancePlacement_t,
     ci: *mut nvmlComputeInstance_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlGpuInstanceCreateComputeInstanceWithPlacement");
     if placement.is_null() {
         return NvmlCode::InvalidArgument.code();
     }
@@ -405,6 +420,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstanceWithPlacement(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlComputeInstanceDestroy(ci: nvmlComputeInstance_t) -> nvmlReturn_t {
+    crate::trace("nvmlComputeInstanceDestroy");
     ret(ci_of(ci).and_then(|(gpu, gi, id)| mutate(|s| gpu_mut(s, gpu)?.destroy_ci(gi, id))))
 }
 
@@ -415,6 +431,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
     cis: *mut nvmlComputeInstance_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlGpuInstanceGetComputeInstances");
     ret((|| {
         let (gpu, gi_id) = gi_of(gi)?;
         let s = current_state()?;
@@ -444,6 +461,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
     id: c_uint,
     ci: *mut nvmlComputeInstance_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlGpuInstanceGetComputeInstanceById");
     ret((|| {
         let (gpu, gi_id) = gi_of(gi)?;
         let s = current_state()?;
@@ -465,6 +483,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
     ci: nvmlComputeInstance_t,
     info: *mut nvmlComputeInstanceInfo_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlComputeInstanceGetInfo_v2");
     ret((|| {
         let (gpu, gi_id, id) = ci_of(ci)?;
         let s = current_state()?;
@@ -494,6 +513,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo(
     ci: nvmlComputeInstance_t,
     info: *mut nvmlComputeInstanceInfo_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlComputeInstanceGetInfo");
     // SAFETY: forwarded with the same contract.
     unsafe { nvmlComputeInstanceGetInfo_v2(ci, info) }
 }
@@ -503,6 +523,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetMaxMigDeviceCount");
     query_gpu(device, |t| {
         let max = t.gpu.mig_geometry().map_or(0, |g| g.compute_slices);
         // SAFETY: NVML contract: `count` is null or a valid out-pointer.
@@ -516,6 +537,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetMigDeviceHandleByIndex");
     query_gpu(device, |t| {
         let devices = t.gpu.mig_devices();
         let (gi, ci) = devices.get(index as usize).ok_or(NvmlCode::NotFound)?;
@@ -529,6 +551,7 @@ pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
     device: nvmlDevice_t,
     is_mig: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceIsMigDeviceHandle");
     // SAFETY: NVML contract: `is_mig` is null or a valid out-pointer.
     query(device, |t| unsafe {
         put(is_mig, c_uint::from(t.mig.is_some()))
@@ -540,6 +563,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig: nvmlDevice_t,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
     query(mig, |t| {
         if t.mig.is_none() {
             return Err(NvmlCode::InvalidArgument);
@@ -554,6 +578,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     device: nvmlDevice_t,
     id: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetGpuInstanceId");
     query(device, |t| {
         let (gi, _) = t.mig.ok_or(NvmlCode::NotSupported)?;
         // SAFETY: NVML contract: `id` is null or a valid out-pointer.
@@ -566,6 +591,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     device: nvmlDevice_t,
     id: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetComputeInstanceId");
     query(device, |t| {
         let (_, ci) = t.mig.ok_or(NvmlCode::NotSupported)?;
         // SAFETY: NVML contract: `id` is null or a valid out-pointer.

@@ -43,21 +43,25 @@ fn init(flags: c_uint) -> Result<(), NvmlCode> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    crate::trace("nvmlInit_v2");
     ret(init(0))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit() -> nvmlReturn_t {
+    crate::trace("nvmlInit");
     ret(init(0))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t {
+    crate::trace("nvmlInitWithFlags");
     ret(init(flags))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    crate::trace("nvmlShutdown");
     let mut guard = driver();
     match guard.as_mut() {
         None => NvmlCode::Uninitialized.code(),
@@ -74,6 +78,7 @@ pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    crate::trace("nvmlErrorString");
     let text: &'static CStr = match result {
         0 => c"Success",
         1 => c"Uninitialized",
@@ -98,6 +103,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlSystemGetDriverVersion");
     ret(current_state().and_then(|s| {
         // SAFETY: NVML contract: `version` is null or valid for `length` bytes.
         unsafe { put_str(version, length, &s.driver_version) }
@@ -109,6 +115,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlSystemGetNVMLVersion");
     ret(current_state().and_then(|s| {
         let text = format!("{}.{}", s.cuda_driver_version / 1000, s.driver_version);
         // SAFETY: NVML contract: `version` is null or valid for `length` bytes.
@@ -118,24 +125,28 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> nvmlReturn_t {
+    crate::trace("nvmlSystemGetCudaDriverVersion");
     // SAFETY: NVML contract: `version` is null or a valid out-pointer.
     ret(current_state().and_then(|s| unsafe { put(version, s.cuda_driver_version) }))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
+    crate::trace("nvmlSystemGetCudaDriverVersion_v2");
     // SAFETY: forwarded with the same contract.
     unsafe { nvmlSystemGetCudaDriverVersion(version) }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetCount_v2");
     // SAFETY: NVML contract: `count` is null or a valid out-pointer.
     ret(current_state().and_then(|s| unsafe { put(count, s.gpus.len() as c_uint) }))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetCount");
     // SAFETY: forwarded with the same contract.
     unsafe { nvmlDeviceGetCount_v2(count) }
 }
@@ -145,6 +156,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetHandleByIndex_v2");
     ret(current_state().and_then(|s| {
         if index as usize >= s.gpus.len() {
             return Err(NvmlCode::InvalidArgument);
@@ -159,6 +171,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetHandleByIndex");
     // SAFETY: forwarded with the same contract.
     unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
 }
@@ -183,6 +196,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetHandleByUUID");
     ret((|| {
         // SAFETY: NVML contract: `uuid` is a NUL-terminated string.
         let wanted = unsafe { arg_str(uuid) }?;
@@ -223,6 +237,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     bus_id: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetHandleByPciBusId_v2");
     ret((|| {
         // SAFETY: NVML contract: `bus_id` is a NUL-terminated string.
         let text = unsafe { arg_str(bus_id) }?;
@@ -244,6 +259,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
     bus_id: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetHandleByPciBusId");
     // SAFETY: forwarded with the same contract.
     unsafe { nvmlDeviceGetHandleByPciBusId_v2(bus_id, device) }
 }

@@ -13,6 +13,7 @@ mod snapshot;
 pub use error::{NvmlError, raw_codes};
 pub use events::{GpuEvent, XidWatcher};
 pub use mig::{GiProfileInfo, MigModeChange, PlacementSlot};
+pub use snapshot::Scope;
 
 use nvml_wrapper::Nvml;
 use std::collections::HashMap;
@@ -44,6 +45,8 @@ pub struct Gpus {
     library: Library,
     /// Identity of each GPU as last read, so a GPU that falls off the bus is still named.
     last_seen: Mutex<HashMap<u32, (String, String)>>,
+    /// GI profiles per GPU: immutable for the lifetime of a MIG mode (nvml.h), so read once.
+    gi_profiles: Mutex<HashMap<u32, Vec<GiProfileInfo>>>,
 }
 
 impl std::fmt::Debug for Gpus {
@@ -70,6 +73,7 @@ impl Gpus {
             nvml,
             library,
             last_seen: Mutex::new(HashMap::new()),
+            gi_profiles: Mutex::new(HashMap::new()),
         })
     }
 

@@ -77,8 +77,16 @@ impl Gpus {
         })
     }
 
-    /// GI profiles the GPU offers, by enum.
+    /// GI profiles the GPU offers, by enum (read from the driver once per MIG mode).
     pub fn gi_profiles(&self, index: u32) -> Result<Vec<GiProfileInfo>, NvmlError> {
+        if let Some(cached) = self
+            .gi_profiles
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&index).cloned())
+        {
+            return Ok(cached);
+        }
         let d = self.device(index)?;
         let mut out = Vec::new();
         for e in 0..GI_PROFILE_ENUMS {
@@ -90,6 +98,9 @@ impl Gpus {
                     other => return Err(other),
                 },
             }
+        }
+        if let Ok(mut cache) = self.gi_profiles.lock() {
+            cache.insert(index, out.clone());
         }
         Ok(out)
     }

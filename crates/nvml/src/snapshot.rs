@@ -21,6 +21,16 @@ const MAX_NVLINKS: u32 = 18;
 /// Memory slices MIG names are computed against (A30's four slices give the same eighths).
 const NAME_SLICES: u32 = 8;
 
+/// How much a snapshot reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything: identity, memory, MIG, processes, NVLinks, topology, telemetry.
+    Full,
+    /// What MIG partitioning needs: identity, memory, MIG devices, processes (no NVLinks,
+    /// topology or telemetry, which cost most of the driver calls).
+    Mig,
+}
+
 /// Collects optional figures: unsupported is `None`, a lost GPU aborts the GPU, anything else is a
 /// warning and `None`.
 struct Reader<'w> {
@@ -55,6 +65,11 @@ impl Reader<'_> {
 impl Gpus {
     /// The whole node now. Fails only when the driver cannot even count its GPUs.
     pub fn snapshot(&self) -> Result<Inventory, NvmlError> {
+        self.snapshot_with(Scope::Full)
+    }
+
+    /// A snapshot of only what `scope` needs.
+    pub fn snapshot_with(&self, scope: Scope) -> Result<Inventory, NvmlError> {
         let count = self.count()?;
         let mut inv = Inventory::default();
         let mut system = |what: &str, r: Result<String, WrapperError>| match r {
@@ -76,16 +91,47 @@ impl Gpus {
         inv.nvml_version = nvml_version;
         inv.cuda_driver_version = cuda;
         for index in 0..count {
-            let gpu = match self.read_gpu(index, &mut inv.warnings) {
+            let gpu = match self.read_gpu(index, scope, &mut inv.warnings) {
                 Ok(gpu) => gpu,
                 Err(e) => self.unusable_gpu(index, e),
             };
             inv.gpus.push(gpu);
         }
-        let mut warnings = Vec::new();
-        inv.topology = self.topology(&inv, &mut warnings);
-        inv.warnings.extend(warnings);
+        if scope == Scope::Full {
+            let mut warnings = Vec::new();
+            inv.topology = self.topology(&inv, &mut warnings);
+            inv.warnings.extend(warnings);
+        }
         Ok(inv)
+    }
+
+    /// One GPU's MIG devices, reading only what MIG needs (much cheaper than a snapshot).
+    pub fn mig_devices_of(&self, index: u32) -> Result<Vec<MigDevice>, NvmlError> {
+        let gpu = Some(index);
+        let d = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| call("nvmlDeviceGetHandleByIndex", gpu, e))?;
+        let total_mib = d
+            .memory_info()
+            .map_err(|e| call("nvmlDeviceGetMemoryInfo", gpu, e))?
+            .total
+            / MIB;
+        let mut warnings = Vec::new();
+        let mut r = Reader {
+            gpu: index,
+            warnings: &mut warnings,
+        };
+        let devices = self.mig_devices(&d, index, total_mib, &mut r)?;
+        match warnings.into_iter().next() {
+            Some(w) => Err(NvmlError::Call {
+                call: "reading MIG devices",
+                gpu,
+                reason: w,
+                code: None,
+            }),
+            None => Ok(devices),
+        }
     }
 
     /// A placeholder for a GPU that could not be read, named as it was last seen.
@@ -111,7 +157,13 @@ impl Gpus {
         }
     }
 
-    fn read_gpu(&self, index: u32, warnings: &mut Vec<String>) -> Result<Gpu, NvmlError> {
+    fn read_gpu(
+        &self,
+        index: u32,
+        scope: Scope,
+        warnings: &mut Vec<String>,
+    ) -> Result<Gpu, NvmlError> {
+        let full = scope == Scope::Full;
         let gpu = Some(index);
         let d = self
             .nvml
@@ -184,7 +236,11 @@ impl Gpus {
                 .map(compute_mode_name),
             mig,
             mig_devices,
-            nvlinks: self.nvlinks(&d, &mut r)?,
+            nvlinks: if full {
+                self.nvlinks(&d, &mut r)?
+            } else {
+                Vec::new()
+            },
             processes: r
                 .opt(
                     "nvmlDeviceGetComputeRunningProcesses",
@@ -202,7 +258,11 @@ impl Gpus {
                     ci_id: p.compute_instance_id,
                 })
                 .collect(),
-            telemetry: telemetry(&d, &mut r)?,
+            telemetry: if full {
+                telemetry(&d, &mut r)?
+            } else {
+                Telemetry::default()
+            },
             health: Health::Healthy,
         })
     }

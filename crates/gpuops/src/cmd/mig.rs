@@ -222,7 +222,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 None => None,
             };
             let opened = gpu_source::open(&gpus)?;
-            let inv = opened.gpus.snapshot()?;
+            let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let targets: Vec<Target> = select::select(named, &inv.gpus)?
                 .into_iter()
                 .map(|s| Target {
@@ -273,7 +273,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let cfg = read_config(&selected.config)?;
             let named = cfg.get(&selected.name)?;
             let opened = gpu_source::open(&gpus)?;
-            let inv = opened.gpus.snapshot()?;
+            let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let targets: Vec<Target> = select::select(named, &inv.gpus)?
                 .into_iter()
                 .map(|s| Target {
@@ -304,7 +304,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Action::Export { gpus, output } => {
             let opened = gpu_source::open(&gpus)?;
-            let inv = opened.gpus.snapshot()?;
+            let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let value = export(&inv);
             match output {
                 ExportFormat::Yaml => print!("{}", serde_saphyr::to_string(&value)?),
@@ -314,7 +314,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Action::Checkpoint { gpus, checkpoint } => {
             let opened = gpu_source::open(&gpus)?;
-            let inv = opened.gpus.snapshot()?;
+            let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let path = checkpoint_path(&checkpoint, &opened);
             let all: Vec<u32> = inv
                 .gpus
@@ -344,7 +344,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                     path.display()
                 )
             })?;
-            let inv = opened.gpus.snapshot()?;
+            let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let targets = mig_apply::restore_targets(&inv, &saved)?;
             let plans = mig_apply::plan_node(&inv, &targets)?;
             print!("{}", mig_apply::render(&plans));
@@ -363,7 +363,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             done.applying = None;
             mig_apply::write_checkpoint(&path, &done)?;
             println!(
-                "restored {} GPUs from {} ({} driver calls)",
+                "restored {} GPUs from {} ({} changes through the driver)",
                 plans.len(),
                 path.display(),
                 outcome.nvml_changes
@@ -420,7 +420,7 @@ fn apply_with_checkpoint(
         }
     };
     let outcome = mig_apply::execute(&opened.gpus, plans, opts)?;
-    let after = opened.gpus.snapshot()?;
+    let after = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
     if outcome.pending_reset.is_empty() && !converged(&after)? {
         bail!(
             "the apply finished but the node does not match config {}; run apply again",
@@ -431,7 +431,7 @@ fn apply_with_checkpoint(
     done.applying = None;
     mig_apply::write_checkpoint(path, &done)?;
     println!(
-        "applied config {} ({} driver calls)",
+        "applied config {} ({} changes through the driver)",
         opts.config_name, outcome.nvml_changes
     );
     report_pending(&outcome)
@@ -564,7 +564,7 @@ fn plan(demand: &str, fleet: Option<&str>, source: &GpuArgs, format: Format) -> 
                 eprintln!("no --gpus given: planning for this node's GPU models");
             }
             let opened = gpu_source::open(source)?;
-            let inv = opened.gpus.snapshot()?;
+            let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let mut keys: Vec<String> = inv.gpus.iter().filter_map(|g| g.model.clone()).collect();
             keys.dedup();
             let text = keys
