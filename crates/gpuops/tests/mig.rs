@@ -563,3 +563,97 @@ fn nvidia_default_configs_validate_and_apply_on_every_mig_model() {
         );
     }
 }
+
+/// A tiny deterministic generator (xorshift), so the property test needs no extra crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, n: u32) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % u64::from(n)) as u32
+    }
+}
+
+/// Random MIG device counts that fit the model.
+fn random_feasible(
+    model: &gpuops_catalog::GpuModel,
+    rng: &mut Rng,
+) -> std::collections::BTreeMap<String, u32> {
+    let profiles = model.mig.as_ref().unwrap().gi_profiles;
+    loop {
+        let mut wanted = std::collections::BTreeMap::new();
+        for _ in 0..1 + rng.next(5) {
+            let p = &profiles[rng.next(profiles.len() as u32) as usize];
+            *wanted.entry(p.name.to_string()).or_insert(0) += 1;
+        }
+        if gpuops_mig::planner::check(model, &wanted).is_ok() {
+            return wanted;
+        }
+    }
+}
+
+#[test]
+fn applying_between_random_layouts_converges_and_keeps_shared_instances() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for model_key in ["H100-SXM5-80GB", "A100-SXM4-40GB", "A30"] {
+        let model = gpuops_catalog::lookup(model_key).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = dir.path().join("fleet.yaml");
+        std::fs::write(
+            &fleet,
+            format!("gpus:\n  - model: {model_key}\n    mig-enabled: true\n"),
+        )
+        .unwrap();
+        let node = Node::new(fleet.to_str().unwrap());
+        for round in 0..6 {
+            let (a, b) = (
+                random_feasible(model, &mut rng),
+                random_feasible(model, &mut rng),
+            );
+            let body = |w: &std::collections::BTreeMap<String, u32>| {
+                w.iter()
+                    .map(|(p, n)| format!("\"{p}\": {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let cfg = node.file(
+                "pair.yaml",
+                &format!(
+                    "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {{{}}}\n  b:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {{{}}}\n",
+                    body(&a),
+                    body(&b)
+                ),
+            );
+            let o = node.apply(&cfg, "a");
+            assert!(
+                o.status.success(),
+                "{model_key} round {round} a={a:?}:\n{}",
+                text(&o)
+            );
+            let before = node.uuids(0);
+            let o = node.apply(&cfg, "b");
+            assert!(
+                o.status.success(),
+                "{model_key} round {round} {a:?} -> {b:?}:\n{}",
+                text(&o)
+            );
+            assert!(
+                node.mig(&["assert", "-f", &cfg, "-c", "b"])
+                    .status
+                    .success(),
+                "{model_key} {b:?} converged"
+            );
+            let after = node.uuids(0);
+            for (place, uuid) in &before {
+                if let Some((_, now)) = after.iter().find(|(p, _)| p == place) {
+                    assert_eq!(
+                        now, uuid,
+                        "{model_key} {a:?} -> {b:?}: {place} is in both layouts but was recreated"
+                    );
+                }
+            }
+        }
+    }
+}
