@@ -187,6 +187,19 @@ fn read_config(args: &ConfigArgs) -> Result<MigPartedConfig> {
     Ok(config::parse(&text, &origin)?)
 }
 
+/// What a named config asks of each GPU it selects on this node.
+fn targets_of(named: &config::NamedConfig, inv: &gpuops_inventory::Inventory) -> Result<Vec<Target>> {
+    Ok(select::select(named, &inv.gpus)?
+        .into_iter()
+        .map(|s| Target {
+            gpu: s.gpu,
+            mig_enabled: s.mig_enabled,
+            wanted: s.mig_devices,
+            exact: None,
+        })
+        .collect())
+}
+
 fn checkpoint_path(arg: &CheckpointArg, opened: &gpu_source::Opened) -> PathBuf {
     arg.checkpoint
         .clone()
@@ -223,15 +236,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             };
             let opened = gpu_source::open(&gpus)?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
-            let targets: Vec<Target> = select::select(named, &inv.gpus)?
-                .into_iter()
-                .map(|s| Target {
-                    gpu: s.gpu,
-                    mig_enabled: s.mig_enabled,
-                    wanted: s.mig_devices,
-                    exact: None,
-                })
-                .collect();
+            let targets = targets_of(named, &inv)?;
             let plans = mig_apply::plan_node(&inv, &targets)?;
             print!("{}", mig_apply::render(&plans));
             if dry_run {
@@ -274,15 +279,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let named = cfg.get(&selected.name)?;
             let opened = gpu_source::open(&gpus)?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
-            let targets: Vec<Target> = select::select(named, &inv.gpus)?
-                .into_iter()
-                .map(|s| Target {
-                    gpu: s.gpu,
-                    mig_enabled: s.mig_enabled,
-                    wanted: s.mig_devices,
-                    exact: None,
-                })
-                .collect();
+            let targets = targets_of(named, &inv)?;
             let plans = mig_apply::plan_node(&inv, &targets)?;
             if valid_config {
                 println!("config {} is valid for this node's GPUs", selected.name);
