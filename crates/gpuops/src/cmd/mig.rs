@@ -188,7 +188,10 @@ fn read_config(args: &ConfigArgs) -> Result<MigPartedConfig> {
 }
 
 /// What a named config asks of each GPU it selects on this node.
-fn targets_of(named: &config::NamedConfig, inv: &gpuops_inventory::Inventory) -> Result<Vec<Target>> {
+fn targets_of(
+    named: &config::NamedConfig,
+    inv: &gpuops_inventory::Inventory,
+) -> Result<Vec<Target>> {
     Ok(select::select(named, &inv.gpus)?
         .into_iter()
         .map(|s| Target {
