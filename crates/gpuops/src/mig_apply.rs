@@ -224,6 +224,8 @@ pub struct Options {
     pub force: bool,
     /// Pause between driver calls (tests use it to kill an apply half-way).
     pub step_delay: Option<Duration>,
+    /// Exit abruptly (as if killed) before the change after this many (fault injection for tests).
+    pub crash_after: Option<usize>,
 }
 
 /// What an apply did.
@@ -261,6 +263,13 @@ pub fn execute(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome
 fn apply_steps(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome> {
     let mut outcome = Outcome::default();
     let step = |outcome: &mut Outcome| {
+        if opts.crash_after.is_some_and(|n| outcome.nvml_changes >= n) {
+            eprintln!(
+                "crashing on purpose after {} changes (--crash-after)",
+                outcome.nvml_changes
+            );
+            std::process::exit(137);
+        }
         outcome.nvml_changes += 1;
         if let Some(d) = opts.step_delay {
             std::thread::sleep(d);
@@ -271,6 +280,7 @@ fn apply_steps(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome
         for p in plans.iter().filter(|p| p.mode_changes()) {
             if !p.mode_to {
                 // Instances must go before MIG can be turned off.
+                remove_leftovers(gpus, p.gpu, &mut || step(&mut outcome))?;
                 destroy(gpus, p, &p.before.instances, &mut || step(&mut outcome))?;
             }
             step(&mut outcome);
@@ -298,12 +308,29 @@ fn apply_steps(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome
         run_hooks(opts, HookPoint::PreApplyConfig)?;
     }
     for p in changing {
+        remove_leftovers(gpus, p.gpu, &mut || step(&mut outcome))?;
         destroy(gpus, p, &p.plan.destroy, &mut || step(&mut outcome))?;
         for inst in &p.plan.create {
             create(gpus, p, inst, &mut || step(&mut outcome))?;
         }
     }
     Ok(outcome)
+}
+
+/// Destroys GPU instances an interrupted apply left without a compute instance.
+fn remove_leftovers(gpus: &Gpus, gpu: u32, step: &mut dyn FnMut()) -> Result<()> {
+    if !gpus.mig_mode_enabled(gpu)? {
+        return Ok(());
+    }
+    for gi in gpus.empty_gpu_instances(gpu)? {
+        println!(
+            "GPU {gpu}: removing GPU instance {gi}, left without a compute instance by an interrupted apply"
+        );
+        step();
+        gpus.destroy_gpu_instance(gpu, gi)
+            .with_context(|| format!("removing leftover GPU instance {gi} on GPU {gpu}"))?;
+    }
+    Ok(())
 }
 
 fn destroy(gpus: &Gpus, p: &GpuPlan, instances: &[Instance], step: &mut dyn FnMut()) -> Result<()> {

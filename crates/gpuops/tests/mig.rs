@@ -657,3 +657,29 @@ fn applying_between_random_layouts_converges_and_keeps_shared_instances() {
         }
     }
 }
+
+#[test]
+fn a_crash_between_creating_a_gpu_instance_and_its_compute_instance_is_cleaned_up() {
+    let node = Node::new("dgx-h100");
+    // 8 mode changes, then the first GPU instance on GPU 0; the crash comes before its compute
+    // instance, leaving a GPU instance that no snapshot shows as a MIG device.
+    let o = node.mig(&[
+        "apply",
+        "-f",
+        SEED,
+        "-c",
+        "all-1g.10gb",
+        "--crash-after",
+        "9",
+    ]);
+    assert_eq!(o.status.code(), Some(137), "{}", text(&o));
+    assert!(node.layouts()[0].is_empty());
+    let o = node.apply(SEED, "all-1g.10gb");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("left without a compute instance"),
+        "{}",
+        text(&o)
+    );
+    assert!(node.layouts().iter().all(|l| counts(l, "1g.10gb") == 7));
+}

@@ -77,6 +77,18 @@ impl Gpus {
         })
     }
 
+    /// Whether MIG mode is currently enabled on a GPU.
+    pub fn mig_mode_enabled(&self, index: u32) -> Result<bool, NvmlError> {
+        let d = self.device(index)?;
+        match d.mig_mode() {
+            Ok(m) => Ok(m.current == 1),
+            Err(e) => match call("nvmlDeviceGetMigMode", Some(index), e) {
+                NvmlError::NotSupported { .. } => Ok(false),
+                other => Err(other),
+            },
+        }
+    }
+
     /// GI profiles the GPU offers, by enum (read from the driver once per MIG mode).
     pub fn gi_profiles(&self, index: u32) -> Result<Vec<GiProfileInfo>, NvmlError> {
         if let Some(cached) = self
@@ -182,6 +194,25 @@ impl Gpus {
         let gi = raw::gpu_instance_by_id(lib, raw::handle(&d), gi_id, Some(index))?;
         let ci = raw::compute_instance_by_id(lib, gi, ci_id, Some(index))?;
         raw::destroy_compute_instance(lib, ci, Some(index))
+    }
+
+    /// GPU instances without any compute instance: what an apply interrupted between creating a GI
+    /// and its CI leaves behind. They hold slices but are no MIG device, so snapshots miss them.
+    pub fn empty_gpu_instances(&self, index: u32) -> Result<Vec<u32>, NvmlError> {
+        let with_ci: Vec<u32> = self
+            .mig_devices_of(index)?
+            .iter()
+            .map(|m| m.gi_id)
+            .collect();
+        let mut empty = Vec::new();
+        for p in self.gi_profiles(index)? {
+            for gi in self.gpu_instance_ids(index, p.id)? {
+                if !with_ci.contains(&gi) && !empty.contains(&gi) {
+                    empty.push(gi);
+                }
+            }
+        }
+        Ok(empty)
     }
 
     /// GPU-instance ids of one profile (by profile id) on a GPU.

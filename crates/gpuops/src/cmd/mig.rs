@@ -108,6 +108,9 @@ enum Action {
         /// Pause between driver calls (for testing interrupted applies).
         #[arg(long, hide = true, value_parser = super::parse_duration)]
         step_delay: Option<Duration>,
+        /// Exit as if killed after this many driver changes (for testing interrupted applies).
+        #[arg(long, hide = true)]
+        crash_after: Option<usize>,
     },
     /// Exit 0 if the node already has the named config, 1 (with the differences) if not.
     Assert {
@@ -226,6 +229,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             dry_run,
             force,
             step_delay,
+            crash_after,
         } => {
             let cfg = read_config(&selected.config)?;
             let named = cfg.get(&selected.name)?;
@@ -254,6 +258,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 mode_only,
                 force,
                 step_delay,
+                crash_after,
             };
             let gpus_changed: Vec<u32> = plans.iter().map(|p| p.gpu).collect();
             apply_with_checkpoint(
