@@ -1,28 +1,13 @@
 //! The `gpuops` binary end to end on the simulated driver: what a user types and sees.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support code
 
+mod common;
+
+use common::{gpuops, run};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-fn gpuops() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuops"));
-    // Tests must not pick up a developer's simulator or library settings.
-    for var in [
-        "GPUOPS_NVML_SIM_STATE",
-        "GPUOPS_NVML_LIB",
-        "GPUOPS_NVML_SIM_LIB",
-        "NODE_NAME",
-    ] {
-        c.env_remove(var);
-    }
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    gpuops().args(args).output().expect("run gpuops")
-}
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

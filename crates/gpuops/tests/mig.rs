@@ -2,42 +2,17 @@
 //! minimal disruption, processes, hooks, interrupted applies and reset-required mode changes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support code
 
+mod common;
+
+use common::{gpuops, run, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 const SEED: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/seed-mig-parted-config.yaml"
 );
-
-fn gpuops() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuops"));
-    for var in [
-        "GPUOPS_NVML_SIM_STATE",
-        "GPUOPS_NVML_LIB",
-        "GPUOPS_NVML_SIM_LIB",
-        "MIG_PARTED_CONFIG_FILE",
-        "MIG_PARTED_SELECTED_CONFIG",
-        "MIG_PARTED_HOOKS_FILE",
-        "GPUOPS_MIG_CHECKPOINT",
-    ] {
-        c.env_remove(var);
-    }
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    gpuops().args(args).output().expect("run gpuops")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// A simulated node in a temporary directory.
 struct Node {
