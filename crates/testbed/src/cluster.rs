@@ -106,6 +106,9 @@ impl Cluster {
             &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
             &format!("--initial-cluster=bed=http://127.0.0.1:{peer_port}"),
             "--quota-backend-bytes=4294967296",
+            // Test data need not survive a power cut; fsync is most of etcd's latency on a VM.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
         ]);
         let etcd = Managed::spawn("etcd", etcd_cmd, &root.join("etcd.log"))?;
 
@@ -115,6 +118,9 @@ impl Cluster {
             &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             "--bind-address=127.0.0.1",
             &format!("--secure-port={api_port}"),
+            // Without these the apiserver advertises the host's address in the kubernetes Service.
+            "--advertise-address=127.0.0.1",
+            "--endpoint-reconciler-type=none",
             &format!("--cert-dir={}", root.join("pki").display()),
             "--service-cluster-ip-range=10.0.0.0/24",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -170,8 +176,10 @@ impl Cluster {
             cmd.args([
                 "--leader-elect=false",
                 &format!("--service-account-private-key-file={}", root.join("sa.key").display()),
+                &format!("--root-ca-file={}", root.join("pki").join("apiserver.crt").display()),
                 "--use-service-account-credentials=false",
-                "--controllers=*,-nodeipam,-nodelifecycle,-persistentvolume-binder,-attachdetach,-ttl,-cloud-node-lifecycle",
+                // Otherwise it creates /usr/libexec/kubernetes/... on the host.
+                &format!("--flex-volume-plugin-dir={}", root.join("flexvolume").display()),
             ]);
             cluster.controller_manager = Some(Managed::spawn(
                 "kube-controller-manager",
@@ -182,12 +190,14 @@ impl Cluster {
         }
         if options.kwok {
             let mut cmd = Command::new(cluster.bin.join("kwok"));
+            // kwok reads ~/.kwok/kwok.yaml when it exists: give it an empty home of its own.
+            cmd.env("HOME", root.join("kwok-home"));
             cmd.args([
                 &format!("--kubeconfig={}", admin.display()),
+                &format!("--config={}", kwok_stages().display()),
                 "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 "--node-lease-duration-seconds=40",
-                &format!("--server-address=127.0.0.1:{}", free_port()?),
             ]);
             cluster.kwok = Some(Managed::spawn("kwok", cmd, &root.join("kwok.log"))?);
             // KWOK has no readiness endpoint worth depending on; a short pause and a liveness check.
@@ -403,9 +413,16 @@ fn component_args(kubeconfig: &Path, port: u16) -> Vec<String> {
         format!("--kubeconfig={k}"),
         format!("--authentication-kubeconfig={k}"),
         format!("--authorization-kubeconfig={k}"),
+        // The tokens are static: there is no extension-apiserver-authentication ConfigMap to read.
+        "--authentication-skip-lookup".into(),
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={port}"),
     ]
+}
+
+/// KWOK's node and pod stages (kwokctl normally supplies them): `tests/k8s/kwok-stages.yaml`.
+fn kwok_stages() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/k8s/kwok-stages.yaml")
 }
 
 /// The apiserver's static token file: `token,user,uid,"group1,group2"`.

@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# Builds the Kubernetes test bed from Go modules at the versions pinned in versions.env:
+#   kube-apiserver kube-scheduler kube-controller-manager kubectl   (wrapper module kube/)
+#   etcd                                                            (wrapper module etcd/)
+#   kwok                                                            (wrapper module kwok/)
+#   every main package under harness/cmd/ (if harness/go.mod exists)
+# into ${GPUOPS_CACHE:-$HOME/.cache/gpuops}/k8s/<key>/bin, where <key> hashes versions.env,
+# the wrappers' go.mod/go.sum and the harness sources. Anything already built is reused,
+# so only the first run pays (about 13 min cold on 2 shared cores; well under a second warm).
+#
+# stdout: exactly one line, `GPUOPS_K8S_BIN=<dir>` (so callers can eval it); all else on stderr.
+# Exit codes: 0 ok, 1 a build failed (the binary and its log are named), 2 no usable Go.
+#
+# Uses the default GOMODCACHE/GOCACHE (under $HOME, so they survive fresh clones). Needs the
+# Go module proxy only when the module cache is cold.
+set -euo pipefail
+
+exec 3>&1 1>&2          # everything goes to stderr; fd 3 is the real stdout for the result line
+
+# Bump when the build recipe (flags, layout) changes, to invalidate cached binaries.
+RECIPE=1
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+start_all=$SECONDS
+say() { printf '[k8s-build] %s\n' "$*" >&2; }
+die() { local code=$1; shift; printf '[k8s-build] ERROR: %s\n' "$*" >&2; exit "$code"; }
+
+# shellcheck source=versions.env
+source "$here/versions.env"
+: "${K8S_VERSION:?versions.env: K8S_VERSION unset}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}"
+
+# The wrappers must match versions.env (update-modules.sh regenerates them).
+check_pin() { # dir module version
+  grep -Eq "^[[:space:]]*(require[[:space:]]+)?$2 $3( |\$)" "$here/$1/go.mod" ||
+    die 1 "versions.env pins $2 $3 but $1/go.mod does not; run tests/k8s/update-modules.sh"
+}
+check_pin kube k8s.io/kubernetes "$K8S_VERSION"
+check_pin etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
+check_pin kwok sigs.k8s.io/kwok "$KWOK_VERSION"
+
+have_harness=0
+[ -f "$here/harness/go.mod" ] && have_harness=1
+
+# --- keys -------------------------------------------------------------------------------
+sha() { sha256sum | cut -c1-16; }
+files_hash() { # files... (missing ones hash as absent)
+  local f
+  for f in "$@"; do
+    if [ -f "$f" ]; then printf '%s\n' "${f#"$here"/}"; sha256sum < "$f"; else printf 'absent %s\n' "$f"; fi
+  done | sha
+}
+harness_files() { # regular files of the harness module, minus build output and editor junk
+  (cd "$here/harness" && find . -type f \
+      ! -path '*/.*' ! -path './bin/*' ! -name '*.log' ! -name '*~' ! -name '*.swp' -print |
+      LC_ALL=C sort | sed "s|^\./|$here/harness/|")
+}
+platform="$(uname -s)/$(uname -m)"
+key_kube=$(echo "recipe=$RECIPE $platform k8s=$K8S_VERSION $(files_hash "$here/kube/go.mod" "$here/kube/go.sum")" | sha)
+key_etcd=$(echo "recipe=$RECIPE $platform etcd=$ETCD_VERSION $(files_hash "$here/etcd/go.mod" "$here/etcd/go.sum")" | sha)
+key_kwok=$(echo "recipe=$RECIPE $platform kwok=$KWOK_VERSION $(files_hash "$here/kwok/go.mod" "$here/kwok/go.sum")" | sha)
+key_harness=none
+if [ $have_harness = 1 ]; then
+  mapfile -t hfiles < <(harness_files)
+  key_harness=$(echo "recipe=$RECIPE $platform k8s=$K8S_VERSION $(files_hash "${hfiles[@]}")" | sha)
+fi
+key="$K8S_VERSION-$(printf '%s\n' "$(sha256sum < "$here/versions.env")" \
+  "$key_kube" "$key_etcd" "$key_kwok" "$key_harness" | sha)"
+
+root="${GPUOPS_CACHE:-$HOME/.cache/gpuops}/k8s"
+out="$root/$key/bin"
+logs="$root/$key/logs"
+
+# --- fast path: everything already there --------------------------------------------------
+complete_ok() { # all binaries listed in $out/.complete exist and are executable
+  local b
+  [ -f "$out/.complete" ] || return 1
+  while read -r b; do [ -n "$b" ] && { [ -x "$out/$b" ] || return 1; }; done < "$out/.complete"
+  return 0
+}
+if complete_ok; then
+  touch "$root/$key" 2>/dev/null || true      # marks it in use (see pruning below)
+  say "up to date: $out ($((SECONDS - start_all))s)"
+  echo "GPUOPS_K8S_BIN=$out" >&3
+  exit 0
+fi
+
+# --- slow path ------------------------------------------------------------------------------
+if ! command -v go >/dev/null 2>&1; then
+  cat >&2 <<EOF
+[k8s-build] ERROR: 'go' is not on PATH. The Kubernetes test bed (tests/k8s) is built from Go
+modules and needs Go >= 1.26.0 (tested with go1.26.8). To install it:
+  * Debian's golang-go is too old (bookworm ships 1.19; check: apt-cache policy golang-go).
+  * Have any Go >= 1.21: run  GOTOOLCHAIN=go1.26.8 go version  (fetches the toolchain from the
+    Go module proxy) and use GOTOOLCHAIN=go1.26.8 for this script.
+  * Otherwise fetch the toolchain module from the Go module proxy with any go (even Debian's 1.19):
+      d=\$(go mod download -json golang.org/toolchain@v0.0.1-go1.26.8.linux-amd64 | sed -n 's/.*"Dir": "\\(.*\\)".*/\\1/p')
+      cp -r "\$d" /usr/local/go && chmod -R u+w /usr/local/go && chmod +x /usr/local/go/bin/* /usr/local/go/pkg/tool/*/*
+      export PATH=/usr/local/go/bin:\$PATH
+    or install Go from the official tarball.
+EOF
+  exit 2
+fi
+
+export GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
+
+# Refuse a Go older than what the wrappers ask for, with a plain message (rather than go's own).
+need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here"/{kube,etcd,kwok}/go.mod \
+  $( [ $have_harness = 1 ] && echo "$here/harness/go.mod") | sort -V | tail -1)
+have_go=$(go env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9.]*\).*/\1/p')
+if [ -z "$have_go" ] || [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -1)" != "$need_go" ]; then
+  # GOTOOLCHAIN=goX.Y.Z (set by the caller) is allowed to fetch a newer toolchain
+  case "$(go env GOTOOLCHAIN)" in
+    go1.*) say "go $have_go < $need_go, using GOTOOLCHAIN=$(go env GOTOOLCHAIN)" ;;
+    *) die 2 "installed Go is ${have_go:-unknown} but the test bed needs Go >= $need_go; install it (see the message when go is missing, or run with GOTOOLCHAIN=go1.26.8)";;
+  esac
+fi
+
+mkdir -p "$root" "$logs"
+# One build at a time per cache (parallel test binaries may all call this script).
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$root/.lock"
+  if ! flock -n 9; then
+    say "another build holds $root/.lock; waiting"
+    flock 9
+  fi
+  have_lock=1
+  if complete_ok; then
+    say "up to date (built by another run): $out"
+    echo "GPUOPS_K8S_BIN=$out" >&3
+    exit 0
+  fi
+fi
+
+# Under the lock, any other temp dir is left over from a killed build.
+[ -n "${have_lock:-}" ] && find "$root" -mindepth 1 -maxdepth 1 -name '.tmp.*' -exec rm -rf {} +
+tmp=$(mktemp -d "$root/.tmp.XXXXXX")
+child=
+setsid=$(command -v setsid || true)
+trap 'rm -rf "$tmp"' EXIT
+on_signal() {
+  [ -n "$child" ] && kill -TERM -- "-$child" 2>/dev/null
+  say "interrupted; nothing half-built was left under $root"
+  exit 130
+}
+trap on_signal INT TERM HUP
+mkdir -p "$tmp/bin"
+
+say "go $(go env GOVERSION), GOMODCACHE=$(go env GOMODCACHE), GOCACHE=$(go env GOCACHE)"
+say "key $key -> $out"
+
+# The version the kube binaries report (kube::version::ldflags in k8s hack/lib/version.sh).
+minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+kube_ldflags="-s -w"
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  kube_ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+done
+
+# Binaries are built once per (group key) into parts/<group>-<key>/ and hard-linked into
+# <key>/bin, so changing only the harness does not rebuild kube-apiserver.
+built_names=()
+build_one() { # group group-key module-dir name package ldflags
+  local group=$1 gkey=$2 mdir=$3 name=$4 pkg=$5 ldflags=$6
+  local part="$root/parts/$group-$gkey" log="$logs/$name.log" t0=$SECONDS
+  mkdir -p "$part"; touch "$part"
+  if [ -x "$part/$name" ]; then
+    say "$name: cached ($part)"
+  else
+    say "$name: building $pkg ..."
+    # In its own process group, so that an interrupted build.sh stops the compilers too.
+    (cd "$mdir" && exec ${setsid:-} go build -trimpath -ldflags "$ldflags" -o "$tmp/bin/$name" "$pkg") >"$log" 2>&1 &
+    child=$!
+    if ! wait "$child"; then
+      child=
+      tail -n 30 "$log" | sed 's/^/    /' >&2
+      die 1 "building $name ($pkg in $mdir) failed; full log: $log"
+    fi
+    child=
+    mv -f "$tmp/bin/$name" "$part/$name"     # atomic: same filesystem
+    say "$name: built in $((SECONDS - t0))s"
+  fi
+  mkdir -p "$out"
+  if ! [ "$out/$name" -ef "$part/$name" ]; then
+    ln -f "$part/$name" "$tmp/bin/$name.link" 2>/dev/null || cp -f "$part/$name" "$tmp/bin/$name.link"
+    mv -f "$tmp/bin/$name.link" "$out/$name"
+  fi
+  built_names+=("$name")
+}
+
+for c in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
+  build_one kube "$key_kube" "$here/kube" "$c" "k8s.io/kubernetes/cmd/$c" "$kube_ldflags"
+done
+build_one etcd "$key_etcd" "$here/etcd" etcd go.etcd.io/etcd/server/v3 "-s -w"
+build_one kwok "$key_kwok" "$here/kwok" kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
+
+if [ $have_harness = 1 ]; then
+  if [ -d "$here/harness/cmd" ]; then
+    list_log="$logs/harness-list.log"
+    if ! mains=$(cd "$here/harness" && go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./cmd/... 2>"$list_log"); then
+      tail -n 30 "$list_log" | sed 's/^/    /' >&2
+      die 1 "listing harness commands (go list ./cmd/... in $here/harness) failed; log: $list_log"
+    fi
+    for pkg in $mains; do
+      build_one harness "$key_harness" "$here/harness" "${pkg##*/}" "$pkg" "$kube_ldflags"
+    done
+    [ -n "$mains" ] || say "harness: no main packages under harness/cmd"
+  else
+    say "harness: harness/go.mod but no harness/cmd/; nothing to build"
+  fi
+fi
+
+# Quick sanity: each binary starts and reports a version (first line of its output).
+check_version() { # name args...
+  local name=$1 v; shift
+  v=$("$out/$name" "$@" 2>&1) || { printf '%s\n' "$v" | sed 's/^/    /' >&2; die 1 "$out/$name $* failed"; }
+  say "$name $*: ${v%%$'\n'*}"
+}
+for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok; do check_version "$b" --version; done
+check_version kubectl version --client
+
+{
+  echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION"
+  echo "kube=$key_kube etcd=$key_etcd kwok=$key_kwok harness=$key_harness"
+} > "$root/$key/BUILD-INFO"
+printf '%s\n' "${built_names[@]}" > "$tmp/complete"
+mv -f "$tmp/complete" "$out/.complete"
+touch "$root/$key"
+
+# Prune keys and parts unused for GPUOPS_K8S_CACHE_KEEP_DAYS (default 14) days. <key>/bin holds
+# hard links, so removing a part never breaks a kept key.
+keep_days=${GPUOPS_K8S_CACHE_KEEP_DAYS:-14}
+find "$root" -mindepth 1 -maxdepth 1 -type d -name 'v*-*' ! -name "$key" -mtime "+$keep_days" -exec rm -rf {} + || true
+find "$root/parts" -mindepth 1 -maxdepth 1 -type d -mtime "+$keep_days" -exec rm -rf {} + || true
+
+say "done in $((SECONDS - start_all))s: $out"
+echo "GPUOPS_K8S_BIN=$out" >&3
