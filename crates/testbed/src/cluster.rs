@@ -175,11 +175,20 @@ impl Cluster {
             cmd.args(component_args(&admin, port));
             cmd.args([
                 "--leader-elect=false",
-                &format!("--service-account-private-key-file={}", root.join("sa.key").display()),
-                &format!("--root-ca-file={}", root.join("pki").join("apiserver.crt").display()),
+                &format!(
+                    "--service-account-private-key-file={}",
+                    root.join("sa.key").display()
+                ),
+                &format!(
+                    "--root-ca-file={}",
+                    root.join("pki").join("apiserver.crt").display()
+                ),
                 "--use-service-account-credentials=false",
                 // Otherwise it creates /usr/libexec/kubernetes/... on the host.
-                &format!("--flex-volume-plugin-dir={}", root.join("flexvolume").display()),
+                &format!(
+                    "--flex-volume-plugin-dir={}",
+                    root.join("flexvolume").display()
+                ),
             ]);
             cluster.controller_manager = Some(Managed::spawn(
                 "kube-controller-manager",
