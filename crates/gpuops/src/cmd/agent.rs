@@ -49,6 +49,58 @@ pub struct Args {
         default_value = "/var/lib/kubelet/device-plugins"
     )]
     device_plugin_dir: PathBuf,
+    /// NVIDIA device plugin config file (`version: v1`, flags and sharing); NVIDIA's env vars
+    /// (MIG_STRATEGY, DEVICE_LIST_STRATEGY, DEVICE_SPLIT_COUNT, ...) override it.
+    #[arg(long, env = "CONFIG_FILE", value_name = "FILE")]
+    config_file: Option<PathBuf>,
+    /// Do not serve the kubelet device plugin API.
+    #[arg(long)]
+    no_device_plugin: bool,
+}
+
+/// The effective device plugin config: file, then NVIDIA's env vars on top.
+fn plugin_config(file: Option<&PathBuf>) -> Result<gpuops_resources::config::Config> {
+    let parsed = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading device plugin config {}", path.display()))?;
+            Some(gpuops_resources::config::Config::parse(
+                &text,
+                &path.display().to_string(),
+            )?)
+        }
+        None => None,
+    };
+    let env = gpuops_resources::config::Overrides::from_env(std::env::vars())?;
+    Ok(gpuops_resources::config::Config::effective(
+        parsed,
+        &env,
+        &gpuops_resources::config::Overrides::default(),
+    )?)
+}
+
+/// What the device plugins advertise for an inventory; a model error is logged and advertises
+/// nothing (unless FAIL_ON_INIT_ERROR), so the agent keeps running.
+fn publish(
+    inv: &Inventory,
+    config: &gpuops_resources::config::Config,
+) -> Result<gpuops_deviceplugin::Published> {
+    let resources = match gpuops_resources::resources(inv, config) {
+        Ok(r) => r,
+        Err(e) if config.fail_on_init_error() => return Err(e.into()),
+        Err(e) => {
+            eprintln!(
+                "{} device plugin: {e}; advertising nothing until this is fixed",
+                clock()
+            );
+            Vec::new()
+        }
+    };
+    Ok(gpuops_deviceplugin::Published {
+        resources,
+        config: config.clone(),
+        inventory: Arc::new(inv.clone()),
+    })
 }
 
 fn node_name(given: Option<String>) -> String {
@@ -83,11 +135,27 @@ pub fn run(args: Args) -> Result<ExitCode> {
         "  metrics        http://{}/metrics (DCGM-compatible exporter: not served yet)",
         args.metrics_address
     );
-    for resource in planned_resources(&first) {
+    let config = plugin_config(args.config_file.as_ref())?;
+    let published = publish(&first, &config)?;
+    if args.no_device_plugin {
+        println!("  device plugin  disabled (--no-device-plugin)");
+    }
+    for r in published
+        .resources
+        .iter()
+        .filter(|_| !args.no_device_plugin)
+    {
         println!(
-            "  device plugin  {}/nvidia-{}.sock for nvidia.com/{resource} (not served yet)",
+            "  device plugin  {}/{} for {} ({} devices){}",
             args.device_plugin_dir.display(),
-            resource
+            r.socket_name,
+            r.name,
+            r.devices.len(),
+            if args.once {
+                " (not served with --once)"
+            } else {
+                ""
+            }
         );
     }
     if args.once {
@@ -105,31 +173,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(agent_loop(Arc::new(opened.gpus), first, args.interval))?;
+    let plugins =
+        (!args.no_device_plugin).then(|| (args.device_plugin_dir.clone(), published, config));
+    runtime.block_on(agent_loop(
+        Arc::new(opened.gpus),
+        first,
+        args.interval,
+        plugins,
+    ))?;
     // Keep the temporary simulator state until the loop ended.
     drop(opened.simulation);
     Ok(ExitCode::SUCCESS)
-}
-
-/// The resources the device plugin will advertise for this inventory (whole GPUs or MIG profiles).
-fn planned_resources(inv: &Inventory) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for g in inv.healthy_gpus() {
-        let names: Vec<String> = if g.mig.current_enabled {
-            g.mig_devices
-                .iter()
-                .map(|m| format!("mig-{}", m.ci_profile.replace('+', ".")))
-                .collect()
-        } else {
-            vec!["gpu".into()]
-        };
-        for n in names {
-            if !out.contains(&n) {
-                out.push(n);
-            }
-        }
-    }
-    out
 }
 
 /// What the XID thread tells the loop.
@@ -140,7 +194,28 @@ enum Report {
     Problem(String),
 }
 
-async fn agent_loop(gpus: Arc<Gpus>, first: Inventory, interval: Duration) -> Result<()> {
+async fn agent_loop(
+    gpus: Arc<Gpus>,
+    first: Inventory,
+    interval: Duration,
+    plugins: Option<(
+        PathBuf,
+        gpuops_deviceplugin::Published,
+        gpuops_resources::config::Config,
+    )>,
+) -> Result<()> {
+    let (stop_plugins, plugins_stopped) = tokio::sync::watch::channel(false);
+    let mut plugin_feed = None;
+    let mut plugin_task = None;
+    if let Some((dir, published, config)) = plugins {
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(published));
+        plugin_task = Some(tokio::spawn(gpuops_deviceplugin::serve(
+            dir,
+            rx,
+            plugins_stopped,
+        )));
+        plugin_feed = Some((tx, config));
+    }
     let healthy = Arc::new(Mutex::new(healthy_indices(&first)));
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = mpsc::channel(64);
@@ -175,6 +250,16 @@ async fn agent_loop(gpus: Arc<Gpus>, first: Inventory, interval: Duration) -> Re
                         if let Ok(mut h) = healthy.lock() {
                             *h = healthy_indices(&next);
                         }
+                        if let Some((tx, config)) = &plugin_feed {
+                            match publish(&next, config) {
+                                Ok(p) if p.resources != tx.borrow().resources => {
+                                    println!("{} device plugin resources changed: {}", clock(), describe_resources(&p));
+                                    let _ = tx.send(Arc::new(p));
+                                }
+                                Ok(_) => {}
+                                Err(e) => eprintln!("{} device plugin: {e:#}; keeping the last resources", clock()),
+                            }
+                        }
                         previous = next;
                     }
                     Ok(Err(e)) => eprintln!("{} reading the GPUs failed: {e}; keeping the last snapshot", clock()),
@@ -195,9 +280,30 @@ async fn agent_loop(gpus: Arc<Gpus>, first: Inventory, interval: Duration) -> Re
     }
     println!("{} stopping", clock());
     stop.store(true, Ordering::Relaxed);
+    let _ = stop_plugins.send(true);
+    if let Some(task) = plugin_task {
+        match task.await {
+            Ok(Err(e)) => eprintln!("{} device plugin: {e}", clock()),
+            Err(e) => eprintln!("{} device plugin task: {e}", clock()),
+            Ok(Ok(())) => {}
+        }
+    }
     // The watcher wakes at least every WAIT_MS; joining it releases NVML cleanly.
     let _ = tokio::task::spawn_blocking(move || xid_thread.join()).await;
     Ok(())
+}
+
+fn describe_resources(p: &gpuops_deviceplugin::Published) -> String {
+    let parts: Vec<String> = p
+        .resources
+        .iter()
+        .map(|r| format!("{} {}/{}", r.name, r.healthy_count(), r.devices.len()))
+        .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 fn healthy_indices(inv: &Inventory) -> Vec<u32> {
@@ -324,7 +430,7 @@ fn describe_event(event: &GpuEvent, inv: &Inventory) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuops_inventory::{Gpu, Health, MigDevice, MigState};
+    use gpuops_inventory::{Gpu, Health};
 
     fn gpu(index: u32) -> Gpu {
         Gpu {
@@ -369,29 +475,13 @@ mod tests {
     }
 
     #[test]
-    fn planned_resources_follow_mig_mode_and_skip_lost_gpus() {
-        let mut mig = gpu(1);
-        mig.mig = MigState {
-            capable: true,
-            current_enabled: true,
-            pending_enabled: true,
-        };
-        for p in ["1g.10gb", "1g.10gb+me", "3g.40gb"] {
-            mig.mig_devices.push(MigDevice {
-                ci_profile: p.into(),
-                ..MigDevice::default()
-            });
-        }
+    fn healthy_indices_skip_lost_gpus() {
         let mut lost = gpu(2);
         lost.health = Health::Lost;
         let inv = Inventory {
-            gpus: vec![gpu(0), mig, lost],
+            gpus: vec![gpu(0), gpu(1), lost],
             ..Inventory::default()
         };
-        assert_eq!(
-            planned_resources(&inv),
-            vec!["gpu", "mig-1g.10gb", "mig-1g.10gb.me", "mig-3g.40gb"]
-        );
         assert_eq!(healthy_indices(&inv), vec![0, 1]);
     }
 }

@@ -1,0 +1,200 @@
+//! Keeps one server per advertised resource running and registered, across kubelet restarts and
+//! resource changes.
+
+use crate::PluginError;
+use crate::service::PluginService;
+use gpuops_inventory::Inventory;
+use gpuops_kubelet_api::deviceplugin::v1beta1::{
+    DevicePluginOptions, RegisterRequest, device_plugin_server::DevicePluginServer,
+    registration_client::RegistrationClient,
+};
+use gpuops_kubelet_api::{KUBELET_SOCKET, VERSION, unix};
+use gpuops_resources::config::Config;
+use gpuops_resources::model::Resource;
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// What the plugins advertise now: derived from one inventory snapshot and the effective config.
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub resources: Vec<Resource>,
+    pub config: Config,
+    pub inventory: Arc<Inventory>,
+}
+
+/// One resource's server.
+struct Running {
+    socket: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    /// The kubelet socket (device, inode) we registered with; `None` until registered.
+    registered_with: Option<(u64, u64)>,
+}
+
+/// How often the supervisor looks for kubelet restarts and resource changes.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Serves every resource of `feed` from `plugin_dir` until `shutdown` fires, re-registering after
+/// kubelet restarts and following resource changes without a restart.
+pub async fn serve(
+    plugin_dir: PathBuf,
+    feed: watch::Receiver<Arc<Published>>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), PluginError> {
+    tokio::fs::create_dir_all(&plugin_dir)
+        .await
+        .map_err(|source| PluginError::PluginDir {
+            dir: plugin_dir.clone(),
+            source,
+        })?;
+    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    let mut waiting_logged = false;
+    loop {
+        let current = feed.borrow().clone();
+        let kubelet = socket_identity(&plugin_dir.join(KUBELET_SOCKET));
+        if kubelet.is_none() && !waiting_logged {
+            tracing::warn!(dir = %plugin_dir.display(), "waiting for the kubelet: no {KUBELET_SOCKET} yet");
+        }
+        waiting_logged = kubelet.is_none();
+        // Resources that went away (MIG layout or config change).
+        let wanted: Vec<&str> = current.resources.iter().map(|r| r.name.as_str()).collect();
+        let gone: Vec<String> = running
+            .keys()
+            .filter(|k| !wanted.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(r) = running.remove(&name) {
+                tracing::info!(resource = %name, "no longer advertised: stopping its server");
+                stop(r).await;
+            }
+        }
+        for resource in &current.resources {
+            let socket = plugin_dir.join(&resource.socket_name);
+            let needs_restart = match running.get(&resource.name) {
+                None => true,
+                // The kubelet deletes every socket in the directory when it restarts.
+                Some(r) => r.task.is_finished() || !socket.exists(),
+            };
+            if needs_restart {
+                if let Some(old) = running.remove(&resource.name) {
+                    tracing::info!(resource = %resource.name, "kubelet restarted or socket lost: serving again");
+                    stop(old).await;
+                }
+                match start(&resource.name, &socket, feed.clone()) {
+                    Ok(r) => {
+                        running.insert(resource.name.clone(), r);
+                    }
+                    Err(e) => {
+                        tracing::error!("{e}");
+                        continue;
+                    }
+                }
+            }
+            if let (Some(r), Some(k)) = (running.get_mut(&resource.name), kubelet)
+                && r.registered_with != Some(k)
+            {
+                match register(&plugin_dir, &resource.name, &resource.socket_name).await {
+                    Ok(()) => {
+                        tracing::info!(resource = %resource.name, socket = %socket.display(), "registered with the kubelet");
+                        r.registered_with = Some(k);
+                    }
+                    Err(e) => tracing::warn!("{e}; retrying"),
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            _ = tokio::time::sleep(TICK) => {}
+        }
+        if *shutdown.borrow() {
+            break;
+        }
+    }
+    for (_, r) in std::mem::take(&mut running) {
+        stop(r).await;
+    }
+    Ok(())
+}
+
+/// (device, inode) of a socket file: a new file after a kubelet restart has a new identity.
+fn socket_identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+fn start(
+    resource: &str,
+    socket: &Path,
+    feed: watch::Receiver<Arc<Published>>,
+) -> Result<Running, PluginError> {
+    let _ = std::fs::remove_file(socket);
+    let listener =
+        tokio::net::UnixListener::bind(socket).map_err(|source| PluginError::Listen {
+            resource: resource.to_string(),
+            socket: socket.to_path_buf(),
+            source,
+        })?;
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let service = PluginService::new(resource.to_string(), feed);
+    let name = resource.to_string();
+    let task = tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(service))
+            .serve_with_incoming_shutdown(unix::incoming(listener), async {
+                let _ = stop_rx.await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(resource = %name, "device plugin server stopped: {e}");
+        }
+    });
+    Ok(Running {
+        socket: socket.to_path_buf(),
+        stop: Some(stop_tx),
+        task,
+        registered_with: None,
+    })
+}
+
+async fn stop(mut r: Running) {
+    if let Some(tx) = r.stop.take() {
+        let _ = tx.send(());
+    }
+    // ListAndWatch streams end with the server; do not wait forever for a stuck client.
+    let _ = tokio::time::timeout(Duration::from_secs(2), &mut r.task).await;
+    r.task.abort();
+    let _ = std::fs::remove_file(&r.socket);
+}
+
+async fn register(plugin_dir: &Path, resource: &str, socket_name: &str) -> Result<(), PluginError> {
+    let kubelet = plugin_dir.join(KUBELET_SOCKET);
+    let err = |message: String| PluginError::Register {
+        resource: resource.to_string(),
+        kubelet: kubelet.clone(),
+        message,
+    };
+    let channel = tokio::time::timeout(Duration::from_secs(5), unix::connect(&kubelet))
+        .await
+        .map_err(|_| err("timed out connecting".into()))?
+        .map_err(|e| err(e.to_string()))?;
+    let mut client = RegistrationClient::new(channel);
+    let request = RegisterRequest {
+        version: VERSION.to_string(),
+        endpoint: socket_name.to_string(),
+        resource_name: resource.to_string(),
+        options: Some(DevicePluginOptions {
+            pre_start_required: false,
+            get_preferred_allocation_available: true,
+        }),
+    };
+    tokio::time::timeout(Duration::from_secs(10), client.register(request))
+        .await
+        .map_err(|_| err("timed out".into()))?
+        .map_err(|status| err(status.message().to_string()))?;
+    Ok(())
+}

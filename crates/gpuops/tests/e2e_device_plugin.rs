@@ -1,0 +1,116 @@
+//! The agent's device plugin against the kubelet's real device manager (harness node) and the real
+//! scheduler: registration, capacity, Allocate, and re-registration after a kubelet restart.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod common;
+
+use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, wait_until};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+/// The agent on a simulated node, serving the harness node's plugin directory.
+struct Agent(Child);
+
+impl Agent {
+    fn start(node: &HarnessNode, fleet: &str, log: &std::path::Path) -> Agent {
+        let out = std::fs::File::create(log).unwrap();
+        let child = common::gpuops()
+            .args([
+                "agent",
+                "--simulate",
+                fleet,
+                "--interval",
+                "1s",
+                "--node-name",
+                &node.name,
+            ])
+            .arg("--device-plugin-dir")
+            .arg(node.plugin_dir())
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap();
+        Agent(child)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn allocatable(cluster: &Cluster, node: &str, resource: &str) -> Option<String> {
+    let path = format!(
+        "jsonpath={{.status.allocatable.{}}}",
+        resource.replace('.', "\\.")
+    );
+    cluster
+        .kubectl(&["get", "node", node, "-o", &path])
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_agent_registers_whole_gpus_the_scheduler_places_a_pod_and_a_kubelet_restart_recovers() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    let mut node = HarnessNode::start(&cluster, "gpu-node-1").unwrap();
+    let log = cluster.dir().join("agent.log");
+    let _agent = Agent::start(&node, "dgx-h100", &log);
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(
+        "8 GPUs allocatable from the agent",
+        Duration::from_secs(60),
+        || allocatable(&cluster, "gpu-node-1", "nvidia.com/gpu").as_deref() == Some("8"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
+
+    cluster
+        .apply("apiVersion: v1\nkind: Pod\nmetadata:\n  name: two-gpus\n  namespace: default\nspec:\n  containers:\n  - name: cuda\n    image: example.invalid/cuda:12\n    resources:\n      limits:\n        nvidia.com/gpu: \"2\"\n")
+        .unwrap();
+    wait_until("the pod to run", Duration::from_secs(60), || {
+        cluster
+            .kubectl(&["get", "pod", "two-gpus", "-o", "jsonpath={.status.phase}"])
+            .is_ok_and(|s| s == "Running")
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
+    let alloc = node
+        .allocation("default", "two-gpus")
+        .expect("allocation recorded");
+    let devices = alloc.devices("nvidia.com/gpu");
+    assert_eq!(devices.len(), 2, "{:?}", alloc.0);
+    assert!(devices.iter().all(|d| d.starts_with("GPU-")), "{devices:?}");
+    let env = alloc
+        .env("NVIDIA_VISIBLE_DEVICES")
+        .expect("envvar strategy");
+    let mut visible: Vec<&str> = env.split(',').collect();
+    visible.sort_unstable();
+    let mut expected: Vec<&str> = devices.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(
+        visible, expected,
+        "NVIDIA_VISIBLE_DEVICES names exactly the allocated GPUs"
+    );
+
+    // A kubelet restart deletes every socket: the agent must notice and register again by itself.
+    node.restart(&cluster, true).unwrap();
+    // The restarted device manager starts with no plugins: capacity comes back only through a
+    // new registration, which its log records.
+    let restarted = cluster.dir().join("nodes/gpu-node-1/harness-restarted.log");
+    wait_until(
+        "re-registration after the kubelet restart",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(&restarted).is_ok_and(|l| l.contains("nvidia.com/gpu=8/8"))
+                && allocatable(&cluster, "gpu-node-1", "nvidia.com/gpu").as_deref() == Some("8")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
+}

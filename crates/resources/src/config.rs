@@ -1,0 +1,1663 @@
+//! NVIDIA's device plugin config file (`version: v1`), its env vars / CLI flags, and their precedence.
+//!
+//! Fields that may come from a file, an env var or a flag are `Option`s: `None` means "not set here",
+//! so [`Config::effective`] can layer flag > env > file > defaults exactly as NVIDIA's plugin does.
+//! After `effective`, every such field is `Some`; the accessors (`mig_strategy()`, ...) give the
+//! default for `None` either way.
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+/// Default MPS root: where NVIDIA's Helm chart puts MPS pipes and shared memory.
+pub const DEFAULT_MPS_ROOT: &str = "/run/nvidia/mps";
+/// Default CDI annotation prefix.
+pub const DEFAULT_CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+/// Prefix of every resource name.
+pub const RESOURCE_PREFIX: &str = "nvidia.com";
+/// Longest fully qualified resource name NVIDIA accepts.
+pub const MAX_RESOURCE_NAME_LEN: usize = 63;
+
+/// A problem with a config file, an env var or a flag: where (file:line:column when known) and what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    /// File name, `env`, `flags` or `config`.
+    pub origin: String,
+    pub line: Option<u64>,
+    pub column: Option<u64>,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.origin)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+            if let Some(column) = self.column {
+                write!(f, ":{column}")?;
+            }
+        }
+        write!(f, ": {}", self.problem)
+    }
+}
+
+impl ConfigError {
+    fn new(origin: &str, at: Option<Position>, problem: impl Into<String>) -> Self {
+        ConfigError {
+            origin: origin.to_string(),
+            line: at.map(|p| p.line),
+            column: at.map(|p| p.column),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// A line/column in the config file (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub line: u64,
+    pub column: u64,
+}
+
+/// A value with where it was written, when it came from a file. Compares and serialises as the value.
+#[derive(Debug, Clone, Default)]
+pub struct Located<T> {
+    pub value: T,
+    pub at: Option<Position>,
+}
+
+impl<T> From<T> for Located<T> {
+    fn from(value: T) -> Self {
+        Located { value, at: None }
+    }
+}
+
+impl<T: PartialEq> PartialEq for Located<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value
+    }
+}
+
+impl<T: Serialize> Serialize for Located<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(s)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Located<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = serde_saphyr::Spanned::<T>::deserialize(d)?;
+        let loc = s.referenced;
+        let at = (loc.line() > 0).then(|| Position {
+            line: loc.line(),
+            column: loc.column(),
+        });
+        Ok(Located { value: s.value, at })
+    }
+}
+
+/// The whole config file.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Config {
+    /// `v1`, or empty (means v1).
+    #[serde(default)]
+    pub version: Located<String>,
+    #[serde(default)]
+    pub flags: Flags,
+    #[serde(default)]
+    pub sharing: Sharing,
+    /// NVIDIA's `resources` (custom GPU/MIG naming patterns): accepted and kept, not used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<serde_json::Value>,
+    /// NVIDIA's `imex` section: accepted and kept, not used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imex: Option<serde_json::Value>,
+    /// Fields we do not know (ignored, as NVIDIA's plugin ignores them), as `flags.plugin.foo` paths.
+    #[serde(skip)]
+    pub unknown_fields: Vec<String>,
+}
+
+/// `flags:`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Flags {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_strategy: Option<MigStrategy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_on_init_error: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvidia_driver_root: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvidia_dev_root: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_root: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gds_enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mofed_enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gdrcopy_enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_discovery_strategy: Option<DeviceDiscoveryStrategy>,
+    #[serde(
+        default,
+        rename = "useNodeFeatureAPI",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub use_node_feature_api: Option<bool>,
+    #[serde(default)]
+    pub plugin: PluginFlags,
+    #[serde(default)]
+    pub gfd: GfdFlags,
+}
+
+/// `flags.plugin:`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginFlags {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_device_specs: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_list_strategy: Option<DeviceListStrategies>,
+    #[serde(
+        default,
+        rename = "deviceIDStrategy",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub device_id_strategy: Option<DeviceIdStrategy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdi_annotation_prefix: Option<String>,
+    #[serde(
+        default,
+        rename = "nvidiaCTKPath",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub nvidia_ctk_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_driver_root: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_devices_allocation_policy: Option<AllocationPolicy>,
+}
+
+/// `flags.gfd:` (GPU Feature Discovery's own flags; accepted and kept).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GfdFlags {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oneshot: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_timestamp: Option<bool>,
+    /// A Go duration, e.g. `60s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep_interval: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_type_file: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigStrategy {
+    #[default]
+    None,
+    Single,
+    Mixed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceDiscoveryStrategy {
+    #[default]
+    Auto,
+    Nvml,
+    Tegra,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceIdStrategy {
+    #[default]
+    Uuid,
+    Index,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllocationPolicy {
+    #[default]
+    Distributed,
+    Packed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceListStrategy {
+    Envvar,
+    VolumeMounts,
+    CdiAnnotations,
+    CdiCri,
+}
+
+impl DeviceListStrategy {
+    pub const ALL: [DeviceListStrategy; 4] = [
+        DeviceListStrategy::Envvar,
+        DeviceListStrategy::VolumeMounts,
+        DeviceListStrategy::CdiAnnotations,
+        DeviceListStrategy::CdiCri,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceListStrategy::Envvar => "envvar",
+            DeviceListStrategy::VolumeMounts => "volume-mounts",
+            DeviceListStrategy::CdiAnnotations => "cdi-annotations",
+            DeviceListStrategy::CdiCri => "cdi-cri",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|d| d.as_str() == s.trim())
+            .ok_or_else(|| {
+                format!(
+                    "unknown device list strategy {s:?}; expected envvar, volume-mounts, cdi-annotations or cdi-cri"
+                )
+            })
+    }
+
+    pub fn is_cdi(self) -> bool {
+        matches!(
+            self,
+            DeviceListStrategy::CdiAnnotations | DeviceListStrategy::CdiCri
+        )
+    }
+}
+
+/// `deviceListStrategy`: a single string or a list (NVIDIA accepts both).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct DeviceListStrategies(pub Vec<DeviceListStrategy>);
+
+impl DeviceListStrategies {
+    pub fn includes(&self, s: DeviceListStrategy) -> bool {
+        self.0.contains(&s)
+    }
+    pub fn any_cdi(&self) -> bool {
+        self.0.iter().any(|s| s.is_cdi())
+    }
+    pub fn all_cdi(&self) -> bool {
+        !self.0.is_empty() && self.0.iter().all(|s| s.is_cdi())
+    }
+    /// Parses `envvar,volume-mounts` (the env var / flag form).
+    pub fn parse_list(s: &str) -> Result<Self, String> {
+        let items: Vec<DeviceListStrategy> = s
+            .split(',')
+            .filter(|p| !p.trim().is_empty())
+            .map(DeviceListStrategy::parse)
+            .collect::<Result<_, _>>()?;
+        if items.is_empty() {
+            return Err("empty device list strategy".into());
+        }
+        Ok(DeviceListStrategies(items))
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceListStrategies {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = DeviceListStrategies;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a device list strategy or a list of them")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                DeviceListStrategy::parse(v)
+                    .map(|s| DeviceListStrategies(vec![s]))
+                    .map_err(E::custom)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(DeviceListStrategy::parse(&s).map_err(de::Error::custom)?);
+                }
+                if out.is_empty() {
+                    return Err(de::Error::custom("deviceListStrategy is an empty list"));
+                }
+                Ok(DeviceListStrategies(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `sharing:`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sharing {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<ReplicatedResources>,
+    #[serde(default, rename = "mps", skip_serializing_if = "Option::is_none")]
+    pub mps: Option<ReplicatedResources>,
+}
+
+/// Which kind of sharing applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SharingStrategy {
+    #[default]
+    None,
+    TimeSlicing,
+    Mps,
+}
+
+impl SharingStrategy {
+    /// The GFD label value (`none`, `time-slicing`, `mps`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SharingStrategy::None => "none",
+            SharingStrategy::TimeSlicing => "time-slicing",
+            SharingStrategy::Mps => "mps",
+        }
+    }
+}
+
+impl Sharing {
+    fn replicated(r: &Option<ReplicatedResources>) -> bool {
+        r.as_ref().is_some_and(|r| !r.resources.is_empty())
+    }
+
+    /// The active strategy and its section (MPS wins if both were set; validation rejects that).
+    pub fn active(&self) -> (SharingStrategy, Option<&ReplicatedResources>) {
+        if Self::replicated(&self.mps) {
+            (SharingStrategy::Mps, self.mps.as_ref())
+        } else if Self::replicated(&self.time_slicing) {
+            (SharingStrategy::TimeSlicing, self.time_slicing.as_ref())
+        } else {
+            (SharingStrategy::None, None)
+        }
+    }
+}
+
+/// `sharing.timeSlicing` / `sharing.mps`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicatedResources {
+    #[serde(default)]
+    pub rename_by_default: bool,
+    /// Forced true for MPS (see [`ReplicatedResources::fail_requests_greater_than_one`]).
+    #[serde(default)]
+    pub fail_requests_greater_than_one: bool,
+    #[serde(default)]
+    pub resources: Vec<ReplicatedResource>,
+}
+
+/// One entry of `resources:` in a sharing section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicatedResource {
+    /// `nvidia.com/gpu`, `gpu` (prefix added), `nvidia.com/mig-1g.10gb`, ...
+    pub name: Located<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rename: Option<Located<String>>,
+    #[serde(default)]
+    pub devices: Located<ReplicatedDevices>,
+    #[serde(default)]
+    pub replicas: Located<Option<i64>>,
+}
+
+/// `devices:` of a replicated resource.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ReplicatedDevices {
+    #[default]
+    All,
+    /// The first N devices (by GPU index, then MIG index).
+    Count(u32),
+    List(Vec<DeviceRef>),
+}
+
+/// One entry of a `devices:` list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceRef {
+    /// A GPU index (`0`): the GPU, or every MIG device on it.
+    GpuIndex(u32),
+    /// A MIG device as `i:j` (GPU index : MIG device index).
+    MigIndex(u32, u32),
+    /// A `GPU-…` or `MIG-…` UUID.
+    Uuid(String),
+}
+
+impl DeviceRef {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Ok(i) = s.parse::<u32>() {
+            return Ok(DeviceRef::GpuIndex(i));
+        }
+        if let Some((a, b)) = s.split_once(':')
+            && let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>())
+        {
+            return Ok(DeviceRef::MigIndex(a, b));
+        }
+        if s.starts_with("GPU-") || s.starts_with("MIG-") {
+            return Ok(DeviceRef::Uuid(s.to_string()));
+        }
+        Err(format!(
+            "device {s:?} is not a GPU index, an i:j MIG index or a GPU-/MIG- UUID"
+        ))
+    }
+}
+
+impl fmt::Display for DeviceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceRef::GpuIndex(i) => write!(f, "{i}"),
+            DeviceRef::MigIndex(i, j) => write!(f, "{i}:{j}"),
+            DeviceRef::Uuid(u) => f.write_str(u),
+        }
+    }
+}
+
+impl Serialize for ReplicatedDevices {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ReplicatedDevices::All => s.serialize_str("all"),
+            ReplicatedDevices::Count(n) => s.serialize_u32(*n),
+            ReplicatedDevices::List(l) => s.collect_seq(l.iter().map(|d| d.to_string())),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ReplicatedDevices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ReplicatedDevices;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "\"all\", a device count, or a list of GPU indices, i:j MIG indices or UUIDs",
+                )
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                if v == "all" {
+                    Ok(ReplicatedDevices::All)
+                } else {
+                    Err(E::custom(format!(
+                        "devices {v:?}: expected \"all\", a count or a list"
+                    )))
+                }
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                match u32::try_from(v) {
+                    Ok(n) if n > 0 => Ok(ReplicatedDevices::Count(n)),
+                    _ => Err(E::custom(format!("devices count {v}: must be at least 1"))),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::custom(format!("devices count {v}: must be at least 1"))),
+                }
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element::<IntOrString>()? {
+                    let r = match item {
+                        IntOrString::Int(i) => u32::try_from(i)
+                            .map(DeviceRef::GpuIndex)
+                            .map_err(|_| format!("device index {i} out of range")),
+                        IntOrString::Str(s) => DeviceRef::parse(&s),
+                    };
+                    out.push(r.map_err(de::Error::custom)?);
+                }
+                if out.is_empty() {
+                    return Err(de::Error::custom("devices is an empty list"));
+                }
+                Ok(ReplicatedDevices::List(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+enum IntOrString {
+    Int(i64),
+    Str(String),
+}
+
+impl<'de> Deserialize<'de> for IntOrString {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = IntOrString;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a GPU index, an i:j MIG index or a UUID")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(IntOrString::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                i64::try_from(v)
+                    .map(IntOrString::Int)
+                    .map_err(|_| E::custom("device index out of range"))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(IntOrString::Str(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Fully qualifies and checks a resource name the way NVIDIA does (`gpu` -> `nvidia.com/gpu`).
+pub fn qualify_resource_name(name: &str) -> Result<String, String> {
+    let full = if name.starts_with(&format!("{RESOURCE_PREFIX}/")) {
+        name.to_string()
+    } else if name.contains('/') {
+        return Err(format!(
+            "resource name {name:?} must be in the {RESOURCE_PREFIX}/ domain"
+        ));
+    } else {
+        format!("{RESOURCE_PREFIX}/{name}")
+    };
+    if full.len() > MAX_RESOURCE_NAME_LEN {
+        return Err(format!(
+            "resource name {full:?} is longer than {MAX_RESOURCE_NAME_LEN} characters"
+        ));
+    }
+    let short = &full[RESOURCE_PREFIX.len() + 1..];
+    if short.is_empty() {
+        return Err("resource name is empty".into());
+    }
+    if let Some(bad) = short
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "resource name {full:?} contains {bad:?}; only letters, digits, '-', '_' and '.' are allowed"
+        ));
+    }
+    if !short.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !short.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
+        return Err(format!(
+            "resource name {full:?} must start and end with a letter or digit"
+        ));
+    }
+    Ok(full)
+}
+
+/// Known field names per section, to report the ones we ignore.
+const KNOWN: &[(&str, &[&str])] = &[
+    ("", &["version", "flags", "sharing", "resources", "imex"]),
+    (
+        "flags",
+        &[
+            "migStrategy",
+            "failOnInitError",
+            "nvidiaDriverRoot",
+            "nvidiaDevRoot",
+            "mpsRoot",
+            "gdsEnabled",
+            "mofedEnabled",
+            "gdrcopyEnabled",
+            "deviceDiscoveryStrategy",
+            "useNodeFeatureAPI",
+            "plugin",
+            "gfd",
+        ],
+    ),
+    (
+        "flags.plugin",
+        &[
+            "passDeviceSpecs",
+            "deviceListStrategy",
+            "deviceIDStrategy",
+            "cdiAnnotationPrefix",
+            "nvidiaCTKPath",
+            "containerDriverRoot",
+            "sharedDevicesAllocationPolicy",
+        ],
+    ),
+    (
+        "flags.gfd",
+        &[
+            "oneshot",
+            "noTimestamp",
+            "sleepInterval",
+            "outputFile",
+            "machineTypeFile",
+        ],
+    ),
+    ("sharing", &["timeSlicing", "mps"]),
+    (
+        "sharing.timeSlicing",
+        &["renameByDefault", "failRequestsGreaterThanOne", "resources"],
+    ),
+    (
+        "sharing.mps",
+        &["renameByDefault", "failRequestsGreaterThanOne", "resources"],
+    ),
+    (
+        "sharing.timeSlicing.resources[]",
+        &["name", "rename", "devices", "replicas"],
+    ),
+    (
+        "sharing.mps.resources[]",
+        &["name", "rename", "devices", "replicas"],
+    ),
+];
+
+fn collect_unknown(path: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            let Some((_, known)) = KNOWN.iter().find(|(p, _)| *p == path) else {
+                return;
+            };
+            for (k, child) in map {
+                let child_path = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                if known.contains(&k.as_str()) {
+                    collect_unknown(&child_path, child, out);
+                } else {
+                    out.push(child_path);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                collect_unknown(&format!("{path}[]"), item, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Turns a serde-saphyr error into ours, keeping its line and column.
+fn syntax_error(origin: &str, e: &serde_saphyr::Error) -> ConfigError {
+    let rendered = e.to_string();
+    let first = rendered.lines().next().unwrap_or_default();
+    let mut msg = first.strip_prefix("error: ").unwrap_or(first).to_string();
+    let at = e.location().filter(|l| l.line() > 0).map(|l| Position {
+        line: l.line(),
+        column: l.column(),
+    });
+    if let Some(p) = at {
+        let prefix = format!("line {} column {}: ", p.line, p.column);
+        if let Some(rest) = msg.strip_prefix(&prefix) {
+            msg = rest.to_string();
+        }
+    }
+    ConfigError::new(origin, at, msg)
+}
+
+impl Config {
+    /// Parses and validates a config file (YAML or JSON; an empty file is an empty v1 config).
+    /// `origin` names the file in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        if text.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        let mut cfg: Config = serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e))?;
+        // A second, untyped pass to list the fields NVIDIA's newer versions may have and we ignore.
+        if let Ok(raw) = serde_saphyr::from_str::<serde_json::Value>(text) {
+            collect_unknown("", &raw, &mut cfg.unknown_fields);
+        }
+        cfg.validate(origin)?;
+        Ok(cfg)
+    }
+
+    /// Checks the rules NVIDIA's plugin enforces (and a few it should).
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let v = self.version.value.as_str();
+        if !(v.is_empty() || v == "v1") {
+            return Err(ConfigError::new(
+                origin,
+                self.version.at,
+                format!("unknown version {v:?}; only \"v1\" is supported"),
+            ));
+        }
+        if let Some(list) = &self.flags.plugin.device_list_strategy
+            && list.0.is_empty()
+        {
+            return Err(ConfigError::new(
+                origin,
+                None,
+                "deviceListStrategy is empty",
+            ));
+        }
+        for (section, r) in [
+            ("sharing.timeSlicing", &self.sharing.time_slicing),
+            ("sharing.mps", &self.sharing.mps),
+        ] {
+            let Some(r) = r else { continue };
+            if r.resources.is_empty() {
+                return Err(ConfigError::new(
+                    origin,
+                    None,
+                    format!("{section}: no resources specified"),
+                ));
+            }
+            for res in &r.resources {
+                let name = qualify_resource_name(&res.name.value).map_err(|p| {
+                    ConfigError::new(origin, res.name.at, format!("{section}: {p}"))
+                })?;
+                if let Some(rename) = &res.rename {
+                    qualify_resource_name(&rename.value).map_err(|p| {
+                        ConfigError::new(origin, rename.at, format!("{section}: rename: {p}"))
+                    })?;
+                }
+                match res.replicas.value {
+                    None => {
+                        return Err(ConfigError::new(
+                            origin,
+                            res.name.at,
+                            format!("{section}: {name}: replicas is required"),
+                        ));
+                    }
+                    Some(n) if n < 2 => {
+                        return Err(ConfigError::new(
+                            origin,
+                            res.replicas.at,
+                            format!("{section}: {name}: replicas must be >= 2 (got {n})"),
+                        ));
+                    }
+                    Some(n) if u32::try_from(n).is_err() => {
+                        return Err(ConfigError::new(
+                            origin,
+                            res.replicas.at,
+                            format!("{section}: {name}: replicas {n} is too large"),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        let ts = Sharing::replicated(&self.sharing.time_slicing);
+        let mps = Sharing::replicated(&self.sharing.mps);
+        if ts && mps {
+            return Err(ConfigError::new(
+                origin,
+                self.mps_position(),
+                "sharing.timeSlicing and sharing.mps are exclusive; configure only one",
+            ));
+        }
+        if mps && self.mig_strategy() == MigStrategy::Mixed {
+            return Err(ConfigError::new(
+                origin,
+                self.mps_position(),
+                "MPS sharing is not supported with the mixed MIG strategy",
+            ));
+        }
+        if let Some(prefix) = &self.flags.plugin.cdi_annotation_prefix
+            && prefix.is_empty()
+        {
+            return Err(ConfigError::new(
+                origin,
+                None,
+                "cdiAnnotationPrefix is empty",
+            ));
+        }
+        Ok(())
+    }
+
+    fn mps_position(&self) -> Option<Position> {
+        self.sharing
+            .mps
+            .as_ref()
+            .and_then(|m| m.resources.first())
+            .and_then(|r| r.name.at)
+    }
+
+    pub fn mig_strategy(&self) -> MigStrategy {
+        self.flags.mig_strategy.unwrap_or_default()
+    }
+    pub fn fail_on_init_error(&self) -> bool {
+        self.flags.fail_on_init_error.unwrap_or(true)
+    }
+    pub fn nvidia_driver_root(&self) -> &str {
+        self.flags.nvidia_driver_root.as_deref().unwrap_or("/")
+    }
+    /// Where `/dev` lives on the host: `nvidiaDevRoot`, defaulting to the driver root.
+    pub fn nvidia_dev_root(&self) -> &str {
+        self.flags
+            .nvidia_dev_root
+            .as_deref()
+            .unwrap_or_else(|| self.nvidia_driver_root())
+    }
+    pub fn mps_root(&self) -> &str {
+        self.flags.mps_root.as_deref().unwrap_or(DEFAULT_MPS_ROOT)
+    }
+    pub fn pass_device_specs(&self) -> bool {
+        self.flags.plugin.pass_device_specs.unwrap_or(false)
+    }
+    pub fn device_list_strategies(&self) -> DeviceListStrategies {
+        self.flags
+            .plugin
+            .device_list_strategy
+            .clone()
+            .unwrap_or_else(|| DeviceListStrategies(vec![DeviceListStrategy::Envvar]))
+    }
+    pub fn device_id_strategy(&self) -> DeviceIdStrategy {
+        self.flags.plugin.device_id_strategy.unwrap_or_default()
+    }
+    pub fn cdi_annotation_prefix(&self) -> &str {
+        self.flags
+            .plugin
+            .cdi_annotation_prefix
+            .as_deref()
+            .unwrap_or(DEFAULT_CDI_ANNOTATION_PREFIX)
+    }
+    pub fn shared_devices_allocation_policy(&self) -> AllocationPolicy {
+        self.flags
+            .plugin
+            .shared_devices_allocation_policy
+            .unwrap_or_default()
+    }
+    pub fn sharing_strategy(&self) -> SharingStrategy {
+        self.sharing.active().0
+    }
+
+    /// The config in force: `flags` over `env` over `file` over defaults, validated, with every
+    /// optional flag filled in. `DEVICE_SPLIT_COUNT` (>= 2) sets time-slicing replicas for
+    /// `nvidia.com/gpu` (replacing a file entry for that name); `1` adds no sharing and leaves
+    /// a file's sharing alone.
+    pub fn effective(
+        file: Option<Config>,
+        env: &Overrides,
+        flags: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg = file.unwrap_or_default();
+        for (origin, o) in [("env", env), ("flags", flags)] {
+            o.apply(&mut cfg)
+                .map_err(|p| ConfigError::new(origin, None, p))?;
+        }
+        let f = &mut cfg.flags;
+        f.mig_strategy.get_or_insert_default();
+        f.fail_on_init_error.get_or_insert(true);
+        let driver_root = f
+            .nvidia_driver_root
+            .get_or_insert_with(|| "/".to_string())
+            .clone();
+        f.nvidia_dev_root.get_or_insert(driver_root);
+        f.mps_root
+            .get_or_insert_with(|| DEFAULT_MPS_ROOT.to_string());
+        f.gds_enabled.get_or_insert(false);
+        f.mofed_enabled.get_or_insert(false);
+        f.gdrcopy_enabled.get_or_insert(false);
+        f.device_discovery_strategy.get_or_insert_default();
+        let p = &mut f.plugin;
+        p.pass_device_specs.get_or_insert(false);
+        p.device_list_strategy
+            .get_or_insert_with(|| DeviceListStrategies(vec![DeviceListStrategy::Envvar]));
+        p.device_id_strategy.get_or_insert_default();
+        p.cdi_annotation_prefix
+            .get_or_insert_with(|| DEFAULT_CDI_ANNOTATION_PREFIX.to_string());
+        p.nvidia_ctk_path
+            .get_or_insert_with(|| "/usr/bin/nvidia-ctk".to_string());
+        p.container_driver_root
+            .get_or_insert_with(|| "/driver-root".to_string());
+        p.shared_devices_allocation_policy.get_or_insert_default();
+        if let Some(mps) = &mut cfg.sharing.mps {
+            mps.fail_requests_greater_than_one = true;
+        }
+        cfg.validate("config")?;
+        Ok(cfg)
+    }
+}
+
+/// Values set by env vars or CLI flags (`None` = not set). Same names as NVIDIA's plugin.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Overrides {
+    pub mig_strategy: Option<MigStrategy>,
+    pub fail_on_init_error: Option<bool>,
+    pub nvidia_driver_root: Option<String>,
+    pub nvidia_dev_root: Option<String>,
+    pub pass_device_specs: Option<bool>,
+    pub device_list_strategy: Option<DeviceListStrategies>,
+    pub device_id_strategy: Option<DeviceIdStrategy>,
+    pub cdi_annotation_prefix: Option<String>,
+    pub nvidia_ctk_path: Option<String>,
+    pub container_driver_root: Option<String>,
+    pub mps_root: Option<String>,
+    pub shared_devices_allocation_policy: Option<AllocationPolicy>,
+    pub gds_enabled: Option<bool>,
+    pub mofed_enabled: Option<bool>,
+    pub gdrcopy_enabled: Option<bool>,
+    pub device_discovery_strategy: Option<DeviceDiscoveryStrategy>,
+    /// `DEVICE_SPLIT_COUNT` (from HAMi; the seed's DaemonSet sets it): time-slicing replicas of
+    /// `nvidia.com/gpu`; 1 = no sharing.
+    pub device_split_count: Option<u32>,
+}
+
+/// Go's `strconv.ParseBool`, which NVIDIA's CLI uses for env vars.
+pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!("{s:?} is not a boolean")),
+    }
+}
+
+fn parse_enum<T: for<'de> Deserialize<'de>>(s: &str, expected: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("{s:?}: expected one of {expected}"))
+}
+
+impl Overrides {
+    /// The env var names read by [`Overrides::from_env`].
+    pub const ENV_VARS: &[&str] = &[
+        "MIG_STRATEGY",
+        "FAIL_ON_INIT_ERROR",
+        "NVIDIA_DRIVER_ROOT",
+        "NVIDIA_DEV_ROOT",
+        "PASS_DEVICE_SPECS",
+        "DEVICE_LIST_STRATEGY",
+        "DEVICE_ID_STRATEGY",
+        "CDI_ANNOTATION_PREFIX",
+        "NVIDIA_CTK_PATH",
+        "CONTAINER_DRIVER_ROOT",
+        "MPS_ROOT",
+        "SHARED_DEVICES_ALLOCATION_POLICY",
+        "GDS_ENABLED",
+        "MOFED_ENABLED",
+        "GDRCOPY_ENABLED",
+        "DEVICE_DISCOVERY_STRATEGY",
+        "DEVICE_SPLIT_COUNT",
+    ];
+
+    /// Reads NVIDIA's env vars (plus `DEVICE_SPLIT_COUNT`) from `vars`; others are ignored, and an
+    /// empty value counts as unset (as with NVIDIA's CLI library).
+    pub fn from_env<I, K, V>(vars: I) -> Result<Overrides, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut o = Overrides::default();
+        for (k, v) in vars {
+            let (k, v) = (k.as_ref(), v.as_ref().trim());
+            if v.is_empty() {
+                continue;
+            }
+            o.set(k, v).map_err(|p| ConfigError {
+                origin: "env".into(),
+                line: None,
+                column: None,
+                problem: format!("{k}={v}: {p}"),
+            })?;
+        }
+        Ok(o)
+    }
+
+    /// [`Overrides::from_env`] over a map.
+    pub fn from_env_map(vars: &HashMap<String, String>) -> Result<Overrides, ConfigError> {
+        Self::from_env(vars.iter())
+    }
+
+    /// Sets one value by its env var name; unknown names are ignored.
+    pub fn set(&mut self, var: &str, v: &str) -> Result<(), String> {
+        match var {
+            "MIG_STRATEGY" => {
+                self.mig_strategy = Some(parse_enum(v, "none, single, mixed")?);
+            }
+            "FAIL_ON_INIT_ERROR" => self.fail_on_init_error = Some(parse_go_bool(v)?),
+            "NVIDIA_DRIVER_ROOT" => self.nvidia_driver_root = Some(v.to_string()),
+            "NVIDIA_DEV_ROOT" => self.nvidia_dev_root = Some(v.to_string()),
+            "PASS_DEVICE_SPECS" => self.pass_device_specs = Some(parse_go_bool(v)?),
+            "DEVICE_LIST_STRATEGY" => {
+                self.device_list_strategy = Some(DeviceListStrategies::parse_list(v)?);
+            }
+            "DEVICE_ID_STRATEGY" => {
+                self.device_id_strategy = Some(parse_enum(v, "uuid, index")?);
+            }
+            "CDI_ANNOTATION_PREFIX" => self.cdi_annotation_prefix = Some(v.to_string()),
+            "NVIDIA_CTK_PATH" => self.nvidia_ctk_path = Some(v.to_string()),
+            "CONTAINER_DRIVER_ROOT" => self.container_driver_root = Some(v.to_string()),
+            "MPS_ROOT" => self.mps_root = Some(v.to_string()),
+            "SHARED_DEVICES_ALLOCATION_POLICY" => {
+                self.shared_devices_allocation_policy = Some(parse_enum(v, "distributed, packed")?);
+            }
+            "GDS_ENABLED" => self.gds_enabled = Some(parse_go_bool(v)?),
+            "MOFED_ENABLED" => self.mofed_enabled = Some(parse_go_bool(v)?),
+            "GDRCOPY_ENABLED" => self.gdrcopy_enabled = Some(parse_go_bool(v)?),
+            "DEVICE_DISCOVERY_STRATEGY" => {
+                self.device_discovery_strategy = Some(parse_enum(v, "auto, nvml, tegra")?);
+            }
+            "DEVICE_SPLIT_COUNT" => {
+                let n: u32 = v
+                    .parse()
+                    .map_err(|_| format!("{v:?} is not a whole number"))?;
+                if n == 0 {
+                    return Err("must be at least 1 (1 = no sharing)".into());
+                }
+                self.device_split_count = Some(n);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn apply(&self, cfg: &mut Config) -> Result<(), String> {
+        fn put<T: Clone>(dst: &mut Option<T>, src: &Option<T>) {
+            if let Some(v) = src {
+                *dst = Some(v.clone());
+            }
+        }
+        let f = &mut cfg.flags;
+        put(&mut f.mig_strategy, &self.mig_strategy);
+        put(&mut f.fail_on_init_error, &self.fail_on_init_error);
+        put(&mut f.nvidia_driver_root, &self.nvidia_driver_root);
+        put(&mut f.nvidia_dev_root, &self.nvidia_dev_root);
+        put(&mut f.mps_root, &self.mps_root);
+        put(&mut f.gds_enabled, &self.gds_enabled);
+        put(&mut f.mofed_enabled, &self.mofed_enabled);
+        put(&mut f.gdrcopy_enabled, &self.gdrcopy_enabled);
+        put(
+            &mut f.device_discovery_strategy,
+            &self.device_discovery_strategy,
+        );
+        let p = &mut f.plugin;
+        put(&mut p.pass_device_specs, &self.pass_device_specs);
+        put(&mut p.device_list_strategy, &self.device_list_strategy);
+        put(&mut p.device_id_strategy, &self.device_id_strategy);
+        put(&mut p.cdi_annotation_prefix, &self.cdi_annotation_prefix);
+        put(&mut p.nvidia_ctk_path, &self.nvidia_ctk_path);
+        put(&mut p.container_driver_root, &self.container_driver_root);
+        put(
+            &mut p.shared_devices_allocation_policy,
+            &self.shared_devices_allocation_policy,
+        );
+        if let Some(n) = self.device_split_count
+            && n >= 2
+        {
+            let ts = cfg
+                .sharing
+                .time_slicing
+                .get_or_insert_with(Default::default);
+            ts.resources.retain(|r| {
+                qualify_resource_name(&r.name.value).ok().as_deref() != Some("nvidia.com/gpu")
+            });
+            ts.resources.push(ReplicatedResource {
+                name: "nvidia.com/gpu".to_string().into(),
+                rename: None,
+                devices: ReplicatedDevices::All.into(),
+                replicas: Some(i64::from(n)).into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a node runs after looking at its `nvidia.com/device-plugin.config` label.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    /// The chosen config's name; `None` for the empty default config.
+    pub name: Option<String>,
+    pub config: Config,
+}
+
+/// Picks the named config for a node, with NVIDIA's config-manager fallbacks: the label's value,
+/// else `default_name` (NVIDIA's `--default-config`), else a config named `default`, else the only
+/// config, else an empty config. A label or default naming a config that does not exist is an error.
+pub fn select_named(
+    configs: &BTreeMap<String, Config>,
+    label: Option<&str>,
+    default_name: Option<&str>,
+) -> Result<Selection, ConfigError> {
+    let wanted = label
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| (l, "node label nvidia.com/device-plugin.config"))
+        .or_else(|| {
+            default_name
+                .filter(|d| !d.is_empty())
+                .map(|d| (d, "default config"))
+        });
+    if let Some((name, source)) = wanted {
+        return match configs.get(name) {
+            Some(c) => Ok(Selection {
+                name: Some(name.to_string()),
+                config: c.clone(),
+            }),
+            None => Err(ConfigError::new(
+                "config",
+                None,
+                format!(
+                    "{source} names config {name:?}, which does not exist (have: {})",
+                    if configs.is_empty() {
+                        "none".to_string()
+                    } else {
+                        configs.keys().cloned().collect::<Vec<_>>().join(", ")
+                    }
+                ),
+            )),
+        };
+    }
+    if let Some(c) = configs.get("default") {
+        return Ok(Selection {
+            name: Some("default".into()),
+            config: c.clone(),
+        });
+    }
+    if configs.len() == 1
+        && let Some((name, c)) = configs.iter().next()
+    {
+        return Ok(Selection {
+            name: Some(name.clone()),
+            config: c.clone(),
+        });
+    }
+    Ok(Selection {
+        name: None,
+        config: Config::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL_YAML: &str = r#"version: v1
+flags:
+  migStrategy: mixed
+  failOnInitError: false
+  nvidiaDriverRoot: /run/nvidia/driver
+  mpsRoot: /run/nvidia/mps
+  gdsEnabled: true
+  mofedEnabled: false
+  deviceDiscoveryStrategy: nvml
+  plugin:
+    passDeviceSpecs: true
+    deviceListStrategy: [envvar, cdi-annotations]
+    deviceIDStrategy: index
+    cdiAnnotationPrefix: cdi.example.com/
+    nvidiaCTKPath: /usr/local/bin/nvidia-ctk
+    containerDriverRoot: /driver-root
+    sharedDevicesAllocationPolicy: packed
+  gfd:
+    oneshot: false
+    noTimestamp: true
+    sleepInterval: 60s
+    outputFile: /etc/kubernetes/node-feature-discovery/features.d/gfd
+    machineTypeFile: /sys/class/dmi/id/product_name
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    failRequestsGreaterThanOne: true
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+      - name: mig-1g.10gb
+        rename: small
+        devices: ["0:1", 2, GPU-00000003-1111-2222-3333-444444444444]
+        replicas: 2
+      - name: nvidia.com/mig-2g.20gb
+        devices: 2
+        replicas: 3
+"#;
+
+    const FULL_JSON: &str = r#"{
+  "version": "v1",
+  "flags": {
+    "migStrategy": "mixed", "failOnInitError": false, "nvidiaDriverRoot": "/run/nvidia/driver",
+    "mpsRoot": "/run/nvidia/mps", "gdsEnabled": true, "mofedEnabled": false,
+    "deviceDiscoveryStrategy": "nvml",
+    "plugin": {
+      "passDeviceSpecs": true, "deviceListStrategy": ["envvar", "cdi-annotations"],
+      "deviceIDStrategy": "index", "cdiAnnotationPrefix": "cdi.example.com/",
+      "nvidiaCTKPath": "/usr/local/bin/nvidia-ctk", "containerDriverRoot": "/driver-root",
+      "sharedDevicesAllocationPolicy": "packed"
+    },
+    "gfd": {"oneshot": false, "noTimestamp": true, "sleepInterval": "60s",
+            "outputFile": "/etc/kubernetes/node-feature-discovery/features.d/gfd",
+            "machineTypeFile": "/sys/class/dmi/id/product_name"}
+  },
+  "sharing": {"timeSlicing": {"renameByDefault": true, "failRequestsGreaterThanOne": true,
+    "resources": [
+      {"name": "nvidia.com/gpu", "replicas": 4},
+      {"name": "mig-1g.10gb", "rename": "small",
+       "devices": ["0:1", 2, "GPU-00000003-1111-2222-3333-444444444444"], "replicas": 2},
+      {"name": "nvidia.com/mig-2g.20gb", "devices": 2, "replicas": 3}
+    ]}}
+}"#;
+
+    #[test]
+    fn parses_every_field_from_yaml_and_json_alike() {
+        let y = Config::parse(FULL_YAML, "c.yaml").unwrap();
+        let j = Config::parse(FULL_JSON, "c.json").unwrap();
+        assert_eq!(y, j);
+        assert_eq!(y.mig_strategy(), MigStrategy::Mixed);
+        assert!(!y.fail_on_init_error());
+        assert_eq!(y.nvidia_dev_root(), "/run/nvidia/driver");
+        assert_eq!(
+            y.device_list_strategies().0,
+            vec![
+                DeviceListStrategy::Envvar,
+                DeviceListStrategy::CdiAnnotations
+            ]
+        );
+        assert_eq!(y.device_id_strategy(), DeviceIdStrategy::Index);
+        assert_eq!(y.cdi_annotation_prefix(), "cdi.example.com/");
+        assert_eq!(
+            y.shared_devices_allocation_policy(),
+            AllocationPolicy::Packed
+        );
+        assert_eq!(y.flags.gfd.sleep_interval.as_deref(), Some("60s"));
+        assert_eq!(
+            y.flags.device_discovery_strategy,
+            Some(DeviceDiscoveryStrategy::Nvml)
+        );
+        let ts = y.sharing.time_slicing.as_ref().unwrap();
+        assert!(ts.rename_by_default && ts.fail_requests_greater_than_one);
+        assert_eq!(ts.resources[0].devices.value, ReplicatedDevices::All);
+        assert_eq!(ts.resources[0].replicas.value, Some(4));
+        assert_eq!(
+            ts.resources[1].devices.value,
+            ReplicatedDevices::List(vec![
+                DeviceRef::MigIndex(0, 1),
+                DeviceRef::GpuIndex(2),
+                DeviceRef::Uuid("GPU-00000003-1111-2222-3333-444444444444".into()),
+            ])
+        );
+        assert_eq!(ts.resources[2].devices.value, ReplicatedDevices::Count(2));
+        assert_eq!(y.sharing_strategy(), SharingStrategy::TimeSlicing);
+        assert!(y.unknown_fields.is_empty(), "{:?}", y.unknown_fields);
+        // Serialises back to something that parses to the same config.
+        let again = Config::parse(&serde_json::to_string(&y).unwrap(), "x").unwrap();
+        assert_eq!(again, y);
+    }
+
+    #[test]
+    fn empty_and_versionless_files_are_v1() {
+        assert_eq!(Config::parse("", "f").unwrap(), Config::default());
+        assert_eq!(Config::parse("  \n", "f").unwrap(), Config::default());
+        let c = Config::parse("flags:\n  migStrategy: single\n", "f").unwrap();
+        assert_eq!(c.mig_strategy(), MigStrategy::Single);
+        assert!(Config::parse("version: \"\"\n", "f").is_ok());
+    }
+
+    #[test]
+    fn single_string_device_list_strategy() {
+        let c = Config::parse(
+            "flags:\n  plugin:\n    deviceListStrategy: volume-mounts\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(
+            c.device_list_strategies().0,
+            vec![DeviceListStrategy::VolumeMounts]
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_listed_not_fatal() {
+        let c = Config::parse(
+            "flags:\n  plugin:\n    fooBar: 1\n  migStrategy: none\nextra: 2\nimex:\n  channelIDs: [0]\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(c.unknown_fields, vec!["extra", "flags.plugin.fooBar"]);
+        assert!(c.imex.is_some());
+    }
+
+    #[test]
+    fn bad_files_say_where_and_what() {
+        let ts = |body: &str| format!("sharing:\n  timeSlicing:\n    resources:\n{body}");
+        let cases: Vec<(String, &str, &str)> = vec![
+            ("version: v2\n".into(), "t.yaml:1:10", "unknown version \"v2\""),
+            (
+                "flags:\n  migStrategy: foo\n".into(),
+                "t.yaml:2:16",
+                "unknown variant `foo`",
+            ),
+            (
+                "flags:\n  failOnInitError: maybe\n".into(),
+                "t.yaml:2:",
+                "",
+            ),
+            (
+                "flags:\n  plugin:\n    deviceListStrategy: bogus\n".into(),
+                "t.yaml:3:",
+                "unknown device list strategy \"bogus\"",
+            ),
+            (
+                "flags:\n  plugin:\n    deviceListStrategy: [envvar, cdi]\n".into(),
+                "t.yaml:3:",
+                "unknown device list strategy \"cdi\"",
+            ),
+            (
+                "flags:\n  plugin:\n    deviceIDStrategy: serial\n".into(),
+                "t.yaml:3:",
+                "unknown variant `serial`",
+            ),
+            ("flags: [\n".into(), "t.yaml:1:", ""),
+            (
+                ts("      - name: nvidia.com/gpu\n        replicas: 1\n"),
+                "t.yaml:5:19",
+                "replicas must be >= 2 (got 1)",
+            ),
+            (
+                ts("      - name: nvidia.com/gpu\n"),
+                "t.yaml:4:15",
+                "nvidia.com/gpu: replicas is required",
+            ),
+            (
+                ts("      - name: gpu!\n        replicas: 2\n"),
+                "t.yaml:4:15",
+                "contains '!'",
+            ),
+            (
+                ts("      - name: example.com/gpu\n        replicas: 2\n"),
+                "t.yaml:4:15",
+                "nvidia.com/ domain",
+            ),
+            (
+                ts("      - name: gpu\n        rename: a/b\n        replicas: 2\n"),
+                "t.yaml:5:17",
+                "rename",
+            ),
+            (
+                ts("      - name: gpu\n        devices: some\n        replicas: 2\n"),
+                "t.yaml:5:18",
+                "expected \"all\", a count or a list",
+            ),
+            (
+                ts("      - name: gpu\n        devices: [0, foo]\n        replicas: 2\n"),
+                "t.yaml:5:",
+                "\"foo\" is not a GPU index",
+            ),
+            (
+                ts("      - name: gpu\n        devices: 0\n        replicas: 2\n"),
+                "t.yaml:5:",
+                "must be at least 1",
+            ),
+            (
+                ts("      - name: gpu\n        devices: []\n        replicas: 2\n"),
+                "t.yaml:5:",
+                "empty list",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    renameByDefault: true\n".into(),
+                "t.yaml",
+                "sharing.timeSlicing: no resources specified",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2}]\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n".into(),
+                "t.yaml:5:",
+                "exclusive",
+            ),
+            (
+                "flags:\n  migStrategy: mixed\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n".into(),
+                "t.yaml:5:",
+                "not supported with the mixed MIG strategy",
+            ),
+        ];
+        for (text, place, problem) in cases {
+            let err = Config::parse(&text, "t.yaml").unwrap_err().to_string();
+            assert!(
+                err.starts_with(place) && err.contains(problem),
+                "{text:?}: got {err:?}, want {place:?} .. {problem:?}"
+            );
+        }
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Overrides {
+        Overrides::from_env(pairs.iter().copied()).unwrap()
+    }
+
+    #[test]
+    fn the_seeds_daemonset_env_gives_plain_gpus() {
+        let vars: HashMap<String, String> = [
+            ("FAIL_ON_INIT_ERROR", "false"),
+            ("DEVICE_SPLIT_COUNT", "1"),
+            ("DEVICE_LIST_STRATEGY", "envvar"),
+            ("PATH", "/usr/bin"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let e = Overrides::from_env_map(&vars).unwrap();
+        let c = Config::effective(None, &e, &Overrides::default()).unwrap();
+        assert!(!c.fail_on_init_error());
+        assert_eq!(c.sharing_strategy(), SharingStrategy::None);
+        assert!(c.sharing.time_slicing.is_none());
+        assert_eq!(
+            c.device_list_strategies().0,
+            vec![DeviceListStrategy::Envvar]
+        );
+        assert_eq!(c.mig_strategy(), MigStrategy::None);
+    }
+
+    #[test]
+    fn effective_fills_every_default() {
+        let c = Config::effective(None, &Overrides::default(), &Overrides::default()).unwrap();
+        let f = &c.flags;
+        assert_eq!(f.mig_strategy, Some(MigStrategy::None));
+        assert_eq!(f.fail_on_init_error, Some(true));
+        assert_eq!(f.nvidia_driver_root.as_deref(), Some("/"));
+        assert_eq!(f.nvidia_dev_root.as_deref(), Some("/"));
+        assert_eq!(f.mps_root.as_deref(), Some(DEFAULT_MPS_ROOT));
+        assert_eq!(f.plugin.pass_device_specs, Some(false));
+        assert_eq!(f.plugin.device_id_strategy, Some(DeviceIdStrategy::Uuid));
+        assert_eq!(
+            f.plugin.cdi_annotation_prefix.as_deref(),
+            Some("cdi.k8s.io/")
+        );
+        assert_eq!(
+            f.plugin.shared_devices_allocation_policy,
+            Some(AllocationPolicy::Distributed)
+        );
+        // The dev root follows a driver root set anywhere.
+        let e = env(&[("NVIDIA_DRIVER_ROOT", "/run/nvidia/driver")]);
+        let c = Config::effective(None, &e, &Overrides::default()).unwrap();
+        assert_eq!(c.nvidia_dev_root(), "/run/nvidia/driver");
+    }
+
+    #[test]
+    fn precedence_is_flag_then_env_then_file_then_default() {
+        let file = || Some(Config::parse("flags:\n  migStrategy: single\n", "f").unwrap());
+        let e = env(&[("MIG_STRATEGY", "mixed")]);
+        let fl = Overrides {
+            mig_strategy: Some(MigStrategy::None),
+            ..Overrides::default()
+        };
+        let none = Overrides::default();
+        let cases = [
+            (file(), &e, &fl, MigStrategy::None),
+            (file(), &e, &none, MigStrategy::Mixed),
+            (file(), &none, &none, MigStrategy::Single),
+            (None, &none, &none, MigStrategy::None),
+            (None, &none, &fl, MigStrategy::None),
+        ];
+        for (i, (f, e, fl, want)) in cases.into_iter().enumerate() {
+            let c = Config::effective(f, e, fl).unwrap();
+            assert_eq!(c.mig_strategy(), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn env_vars_parse_like_nvidias_cli() {
+        let o = env(&[
+            ("PASS_DEVICE_SPECS", "True"),
+            ("DEVICE_LIST_STRATEGY", "envvar, volume-mounts"),
+            ("DEVICE_ID_STRATEGY", "index"),
+            ("CDI_ANNOTATION_PREFIX", "x.io/"),
+            ("MPS_ROOT", "/mps"),
+            ("SHARED_DEVICES_ALLOCATION_POLICY", "packed"),
+            ("GDS_ENABLED", "1"),
+            ("MIG_STRATEGY", ""),
+        ]);
+        assert_eq!(o.pass_device_specs, Some(true));
+        assert_eq!(
+            o.device_list_strategy.unwrap().0,
+            vec![DeviceListStrategy::Envvar, DeviceListStrategy::VolumeMounts]
+        );
+        assert_eq!(o.device_id_strategy, Some(DeviceIdStrategy::Index));
+        assert_eq!(o.cdi_annotation_prefix.as_deref(), Some("x.io/"));
+        assert_eq!(o.mps_root.as_deref(), Some("/mps"));
+        assert_eq!(
+            o.shared_devices_allocation_policy,
+            Some(AllocationPolicy::Packed)
+        );
+        assert_eq!(o.gds_enabled, Some(true));
+        assert_eq!(o.mig_strategy, None, "empty counts as unset");
+
+        for (k, v, want) in [
+            (
+                "MIG_STRATEGY",
+                "foo",
+                "env: MIG_STRATEGY=foo: \"foo\": expected one of none, single, mixed",
+            ),
+            (
+                "FAIL_ON_INIT_ERROR",
+                "maybe",
+                "FAIL_ON_INIT_ERROR=maybe: \"maybe\" is not a boolean",
+            ),
+            (
+                "DEVICE_LIST_STRATEGY",
+                "envvar,nope",
+                "unknown device list strategy",
+            ),
+            ("DEVICE_SPLIT_COUNT", "0", "must be at least 1"),
+            ("DEVICE_SPLIT_COUNT", "two", "not a whole number"),
+            (
+                "DEVICE_ID_STRATEGY",
+                "serial",
+                "expected one of uuid, index",
+            ),
+        ] {
+            let err = Overrides::from_env([(k, v)]).unwrap_err().to_string();
+            assert!(err.contains(want), "{k}={v}: {err}");
+        }
+    }
+
+    #[test]
+    fn device_split_count_is_time_slicing_of_nvidia_gpu() {
+        let none = Overrides::default();
+        let c = Config::effective(None, &env(&[("DEVICE_SPLIT_COUNT", "4")]), &none).unwrap();
+        let ts = c.sharing.time_slicing.as_ref().unwrap();
+        assert_eq!(ts.resources.len(), 1);
+        assert_eq!(ts.resources[0].name.value, "nvidia.com/gpu");
+        assert_eq!(ts.resources[0].replicas.value, Some(4));
+        assert!(!ts.rename_by_default);
+
+        // Replaces the file's entry for nvidia.com/gpu, keeps the others.
+        let file = Config::parse(
+            "sharing:\n  timeSlicing:\n    resources:\n      - {name: gpu, replicas: 2}\n      - {name: mig-1g.10gb, replicas: 2}\n",
+            "f",
+        )
+        .unwrap();
+        let c = Config::effective(
+            Some(file.clone()),
+            &env(&[("DEVICE_SPLIT_COUNT", "8")]),
+            &none,
+        )
+        .unwrap();
+        let ts = c.sharing.time_slicing.as_ref().unwrap();
+        let reps: Vec<_> = ts
+            .resources
+            .iter()
+            .map(|r| (r.name.value.as_str(), r.replicas.value))
+            .collect();
+        assert_eq!(
+            reps,
+            vec![("mig-1g.10gb", Some(2)), ("nvidia.com/gpu", Some(8))]
+        );
+        // 1 leaves the file's sharing alone.
+        let c = Config::effective(Some(file), &env(&[("DEVICE_SPLIT_COUNT", "1")]), &none).unwrap();
+        assert_eq!(c.sharing.time_slicing.unwrap().resources.len(), 2);
+        // And cannot be combined with MPS.
+        let mps = Config::parse(
+            "sharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n",
+            "f",
+        )
+        .unwrap();
+        let err = Config::effective(Some(mps), &env(&[("DEVICE_SPLIT_COUNT", "2")]), &none)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exclusive"), "{err}");
+    }
+
+    #[test]
+    fn mps_forces_fail_requests_greater_than_one_and_checks_env_mig_strategy() {
+        let none = Overrides::default();
+        let mps = || {
+            Config::parse(
+                "sharing:\n  mps:\n    failRequestsGreaterThanOne: false\n    resources: [{name: gpu, replicas: 2}]\n",
+                "f",
+            )
+            .unwrap()
+        };
+        let c = Config::effective(Some(mps()), &none, &none).unwrap();
+        assert!(c.sharing.mps.unwrap().fail_requests_greater_than_one);
+        assert_eq!(
+            Config::effective(Some(mps()), &none, &none)
+                .unwrap()
+                .sharing_strategy(),
+            SharingStrategy::Mps
+        );
+        let err = Config::effective(Some(mps()), &env(&[("MIG_STRATEGY", "mixed")]), &none)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("mixed MIG strategy"), "{err}");
+    }
+
+    #[test]
+    fn named_config_selection_follows_nvidias_fallbacks() {
+        let named = |names: &[&str]| -> BTreeMap<String, Config> {
+            names
+                .iter()
+                .map(|n| {
+                    let mut c = Config::default();
+                    c.flags.nvidia_driver_root = Some(format!("/{n}"));
+                    (n.to_string(), c)
+                })
+                .collect()
+        };
+        type Case<'a> = (
+            &'a [&'a str],
+            Option<&'a str>,
+            Option<&'a str>,
+            Result<Option<&'a str>, &'a str>,
+        );
+        let cases: [Case; 9] = [
+            (&["a", "b", "default"], Some("a"), None, Ok(Some("a"))),
+            (&["a", "b", "default"], None, None, Ok(Some("default"))),
+            (&["a", "b", "default"], Some(""), None, Ok(Some("default"))),
+            (&["a", "b"], None, Some("b"), Ok(Some("b"))),
+            (&["a", "b", "default"], None, Some("b"), Ok(Some("b"))),
+            (&["only"], None, None, Ok(Some("only"))),
+            (&["a", "b"], None, None, Ok(None)),
+            (&[], None, None, Ok(None)),
+            (
+                &["a", "b"],
+                Some("c"),
+                None,
+                Err("names config \"c\", which does not exist (have: a, b)"),
+            ),
+        ];
+        for (names, label, default, want) in cases {
+            let got = select_named(&named(names), label, default);
+            match (got, want) {
+                (Ok(s), Ok(w)) => {
+                    assert_eq!(s.name.as_deref(), w, "{names:?} {label:?} {default:?}");
+                    match w {
+                        Some(n) => assert_eq!(
+                            s.config.flags.nvidia_driver_root.as_deref(),
+                            Some(format!("/{n}").as_str())
+                        ),
+                        None => assert_eq!(s.config, Config::default()),
+                    }
+                }
+                (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{e}"),
+                (got, want) => panic!("{names:?} {label:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+}
