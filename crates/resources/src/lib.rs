@@ -8,10 +8,12 @@
 //!   their device IDs.
 //! - [`allocate`] — the Allocate response for one container.
 //! - [`preferred`] — GetPreferredAllocation.
+//! - [`health`] — which devices XIDs make unhealthy, and when they recover.
 #![forbid(unsafe_code)]
 
 pub mod allocate;
 pub mod config;
+pub mod health;
 pub mod model;
 pub mod preferred;
 

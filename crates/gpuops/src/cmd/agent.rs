@@ -7,6 +7,7 @@ use crate::watch::changes;
 use anyhow::{Context, Result};
 use gpuops_inventory::Inventory;
 use gpuops_nvml::{GpuEvent, Gpus};
+use gpuops_resources::health::{HealthPolicy, HealthTracker};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,6 +57,10 @@ pub struct Args {
     /// Do not serve the kubelet device plugin API.
     #[arg(long)]
     no_device_plugin: bool,
+    /// A device an XID made unhealthy is healthy again after this long without another counted XID
+    /// (and once the driver answers for it). NVIDIA's plugin never recovers without a restart.
+    #[arg(long, env = "GPUOPS_HEALTH_QUIET_PERIOD", default_value = "5m", value_parser = super::parse_duration)]
+    health_quiet_period: Duration,
 }
 
 /// The effective device plugin config: file, then NVIDIA's env vars on top.
@@ -84,9 +89,13 @@ fn plugin_config(file: Option<&PathBuf>) -> Result<gpuops_resources::config::Con
 fn publish(
     inv: &Inventory,
     config: &gpuops_resources::config::Config,
+    health: &HealthTracker,
 ) -> Result<gpuops_deviceplugin::Published> {
     let resources = match gpuops_resources::resources(inv, config) {
-        Ok(r) => r,
+        Ok(mut r) => {
+            health.apply(&mut r);
+            r
+        }
         Err(e) if config.fail_on_init_error() => return Err(e.into()),
         Err(e) => {
             eprintln!(
@@ -136,7 +145,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.metrics_address
     );
     let config = plugin_config(args.config_file.as_ref())?;
-    let published = publish(&first, &config)?;
+    let published = publish(&first, &config, &HealthTracker::default())?;
+    let policy = HealthPolicy::from_env(
+        std::env::var("DP_DISABLE_HEALTHCHECKS").ok().as_deref(),
+        std::env::var("DP_ENABLE_HEALTHCHECKS").ok().as_deref(),
+        args.health_quiet_period.as_millis() as u64,
+    )
+    .map_err(anyhow::Error::msg)?;
     if args.no_device_plugin {
         println!("  device plugin  disabled (--no-device-plugin)");
     }
@@ -173,8 +188,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let plugins =
-        (!args.no_device_plugin).then(|| (args.device_plugin_dir.clone(), published, config));
+    let plugins = (!args.no_device_plugin).then(|| Plugins {
+        dir: args.device_plugin_dir.clone(),
+        published,
+        config,
+        policy,
+    });
     runtime.block_on(agent_loop(
         Arc::new(opened.gpus),
         first,
@@ -194,27 +213,64 @@ enum Report {
     Problem(String),
 }
 
+/// What the device plugins need from the agent loop.
+struct Plugins {
+    dir: PathBuf,
+    published: gpuops_deviceplugin::Published,
+    config: gpuops_resources::config::Config,
+    policy: HealthPolicy,
+}
+
+/// The plugins' feed: republished on every snapshot and at once on every counted XID.
+struct Feed {
+    tx: tokio::sync::watch::Sender<Arc<gpuops_deviceplugin::Published>>,
+    config: gpuops_resources::config::Config,
+    policy: HealthPolicy,
+    health: HealthTracker,
+}
+
+impl Feed {
+    fn republish(&self, inv: &Inventory) {
+        match publish(inv, &self.config, &self.health) {
+            Ok(p) if p.resources != self.tx.borrow().resources => {
+                println!(
+                    "{} device plugin resources: {}",
+                    clock(),
+                    describe_resources(&p)
+                );
+                let _ = self.tx.send(Arc::new(p));
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!(
+                "{} device plugin: {e:#}; keeping the last resources",
+                clock()
+            ),
+        }
+    }
+}
+
 async fn agent_loop(
     gpus: Arc<Gpus>,
     first: Inventory,
     interval: Duration,
-    plugins: Option<(
-        PathBuf,
-        gpuops_deviceplugin::Published,
-        gpuops_resources::config::Config,
-    )>,
+    plugins: Option<Plugins>,
 ) -> Result<()> {
     let (stop_plugins, plugins_stopped) = tokio::sync::watch::channel(false);
-    let mut plugin_feed = None;
+    let mut feed = None;
     let mut plugin_task = None;
-    if let Some((dir, published, config)) = plugins {
-        let (tx, rx) = tokio::sync::watch::channel(Arc::new(published));
+    if let Some(p) = plugins {
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(p.published));
         plugin_task = Some(tokio::spawn(gpuops_deviceplugin::serve(
-            dir,
+            p.dir,
             rx,
             plugins_stopped,
         )));
-        plugin_feed = Some((tx, config));
+        feed = Some(Feed {
+            tx,
+            config: p.config,
+            policy: p.policy,
+            health: HealthTracker::default(),
+        });
     }
     let healthy = Arc::new(Mutex::new(healthy_indices(&first)));
     let stop = Arc::new(AtomicBool::new(false));
@@ -250,15 +306,11 @@ async fn agent_loop(
                         if let Ok(mut h) = healthy.lock() {
                             *h = healthy_indices(&next);
                         }
-                        if let Some((tx, config)) = &plugin_feed {
-                            match publish(&next, config) {
-                                Ok(p) if p.resources != tx.borrow().resources => {
-                                    println!("{} device plugin resources changed: {}", clock(), describe_resources(&p));
-                                    let _ = tx.send(Arc::new(p));
-                                }
-                                Ok(_) => {}
-                                Err(e) => eprintln!("{} device plugin: {e:#}; keeping the last resources", clock()),
+                        if let Some(f) = feed.as_mut() {
+                            if f.health.expire(&f.policy, gpu_source::now_ms()) {
+                                println!("{} no XID for the quiet period: devices healthy again where the driver agrees", clock());
                             }
+                            f.republish(&next);
                         }
                         previous = next;
                     }
@@ -267,7 +319,14 @@ async fn agent_loop(
                 }
             }
             Some(report) = rx.recv() => match report {
-                Report::Event(event) => println!("{} {}", clock(), describe_event(&event, &previous)),
+                Report::Event(event) => {
+                    println!("{} {}", clock(), describe_event(&event, &previous));
+                    if let (Some(f), &GpuEvent::Xid { gpu, xid, gi_id, ci_id }) = (feed.as_mut(), &event)
+                        && f.health.record(&f.policy, gpu, gi_id, ci_id, xid, gpu_source::now_ms())
+                    {
+                        f.republish(&previous);
+                    }
+                }
                 Report::Watching(gpus) => println!(
                     "{} watching {} GPUs for XID errors ({})",
                     clock(),
