@@ -185,3 +185,135 @@ fn a_fatal_xid_makes_the_gpu_unhealthy_within_a_second_and_it_recovers_after_the
         "not before the quiet period"
     );
 }
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn mig_devices_and_shared_gpus_are_advertised_scheduled_and_allocated_like_nvidia() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    // Node 1: MIG strategy mixed on a DGX H100 partitioned with the seed's mixed-inference layout.
+    let mig_node = HarnessNode::start(&cluster, "mig-node").unwrap();
+    let state = cluster.dir().join("mig-sim");
+    let sim = common::run(&[
+        "sim",
+        "init",
+        "--fleet",
+        "dgx-h100",
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(sim.status.success(), "{}", common::text(&sim));
+    let seed = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/seed-mig-parted-config.yaml"
+    );
+    let o = common::run(&[
+        "mig",
+        "apply",
+        "-f",
+        seed,
+        "-c",
+        "mixed-inference",
+        "--sim-state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let mig_log = cluster.dir().join("agent-mig.log");
+    let out = std::fs::File::create(&mig_log).unwrap();
+    let mig_agent = common::gpuops()
+        .args([
+            "agent",
+            "--sim-state",
+            state.to_str().unwrap(),
+            "--interval",
+            "1s",
+        ])
+        .arg("--device-plugin-dir")
+        .arg(mig_node.plugin_dir())
+        .env("MIG_STRATEGY", "mixed")
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    let _mig_agent = Agent(mig_agent);
+
+    // Node 2: time-slicing with renameByDefault, from NVIDIA's config file format.
+    let shared_node = HarnessNode::start(&cluster, "shared-node").unwrap();
+    let config = cluster.dir().join("plugin-config.yaml");
+    std::fs::write(
+        &config,
+        "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+    )
+    .unwrap();
+    let _shared_agent = Agent::start_with(
+        &shared_node,
+        "l4x4",
+        &cluster.dir().join("agent-shared.log"),
+        &["--config-file", config.to_str().unwrap()],
+    );
+
+    let logs = || {
+        format!(
+            "mig agent:\n{}\nshared agent:\n{}",
+            std::fs::read_to_string(&mig_log).unwrap_or_default(),
+            std::fs::read_to_string(cluster.dir().join("agent-shared.log")).unwrap_or_default()
+        )
+    };
+    wait_until("MIG and shared resources", Duration::from_secs(60), || {
+        allocatable(&cluster, "mig-node", "nvidia.com/mig-1g.10gb").as_deref() == Some("32")
+            && allocatable(&cluster, "mig-node", "nvidia.com/mig-3g.40gb").as_deref() == Some("8")
+            && allocatable(&cluster, "shared-node", "nvidia.com/gpu.shared").as_deref()
+                == Some("16")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    assert_eq!(
+        allocatable(&cluster, "mig-node", "nvidia.com/gpu"),
+        None,
+        "mixed: no whole GPUs on a MIG node"
+    );
+
+    let pod = |name: &str, resource: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  containers:\n  - name: c\n    image: example.invalid/app:1\n    resources:\n      limits:\n        {resource}: \"1\"\n"
+        )
+    };
+    cluster
+        .apply(&pod("mig-pod", "nvidia.com/mig-1g.10gb"))
+        .unwrap();
+    cluster
+        .apply(&pod("shared-pod", "nvidia.com/gpu.shared"))
+        .unwrap();
+    for (pod, node) in [("mig-pod", "mig-node"), ("shared-pod", "shared-node")] {
+        wait_until(&format!("{pod} running"), Duration::from_secs(60), || {
+            cluster
+                .kubectl(&[
+                    "get",
+                    "pod",
+                    pod,
+                    "-o",
+                    "jsonpath={.status.phase} {.spec.nodeName}",
+                ])
+                .is_ok_and(|s| s == format!("Running {node}"))
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    }
+    let mig = mig_node.allocation("default", "mig-pod").unwrap();
+    let ids = mig.devices("nvidia.com/mig-1g.10gb");
+    assert!(ids.len() == 1 && ids[0].starts_with("MIG-"), "{ids:?}");
+    assert_eq!(
+        mig.env("NVIDIA_VISIBLE_DEVICES").as_deref(),
+        Some(ids[0].as_str()),
+        "envvar: the MIG UUID"
+    );
+    let shared = shared_node.allocation("default", "shared-pod").unwrap();
+    let ids = shared.devices("nvidia.com/gpu.shared");
+    assert!(
+        ids.len() == 1 && ids[0].contains("::"),
+        "replica ids are <uuid>::<n>: {ids:?}"
+    );
+    let uuid = ids[0].split("::").next().unwrap();
+    assert_eq!(
+        shared.env("NVIDIA_VISIBLE_DEVICES").as_deref(),
+        Some(uuid),
+        "replica suffix stripped, as NVIDIA does"
+    );
+}

@@ -43,13 +43,10 @@ pub struct Args {
     /// Where the Prometheus metrics endpoint listens.
     #[arg(long, env = "GPUOPS_METRICS_ADDRESS", default_value = "0.0.0.0:9400")]
     metrics_address: SocketAddr,
-    /// The kubelet's device plugin directory.
-    #[arg(
-        long,
-        env = "DEVICE_PLUGIN_PATH",
-        default_value = "/var/lib/kubelet/device-plugins"
-    )]
-    device_plugin_dir: PathBuf,
+    /// The kubelet's device plugin directory [default: /var/lib/kubelet/device-plugins; with
+    /// --simulate, device-plugins/ in the simulator state, so a demo touches no system path].
+    #[arg(long, env = "DEVICE_PLUGIN_PATH", value_name = "DIR")]
+    device_plugin_dir: Option<PathBuf>,
     /// NVIDIA device plugin config file (`version: v1`, flags and sharing); NVIDIA's env vars
     /// (MIG_STRATEGY, DEVICE_LIST_STRATEGY, DEVICE_SPLIT_COUNT, ...) override it.
     #[arg(long, env = "CONFIG_FILE", value_name = "FILE")]
@@ -62,6 +59,9 @@ pub struct Args {
     #[arg(long, env = "GPUOPS_HEALTH_QUIET_PERIOD", default_value = "5m", value_parser = super::parse_duration)]
     health_quiet_period: Duration,
 }
+
+/// Where the kubelet looks for device plugins.
+const KUBELET_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 
 /// The effective device plugin config: file, then NVIDIA's env vars on top.
 fn plugin_config(file: Option<&PathBuf>) -> Result<gpuops_resources::config::Config> {
@@ -144,6 +144,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         "  metrics        http://{}/metrics (DCGM-compatible exporter: not served yet)",
         args.metrics_address
     );
+    let plugin_dir = args
+        .device_plugin_dir
+        .clone()
+        .unwrap_or_else(|| match &opened.simulation {
+            Some(sim) => sim.state_dir.join("device-plugins"),
+            None => PathBuf::from(KUBELET_DEVICE_PLUGIN_DIR),
+        });
     let config = plugin_config(args.config_file.as_ref())?;
     let published = publish(&first, &config, &HealthTracker::default())?;
     let policy = HealthPolicy::from_env(
@@ -162,7 +169,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     {
         println!(
             "  device plugin  {}/{} for {} ({} devices){}",
-            args.device_plugin_dir.display(),
+            plugin_dir.display(),
             r.socket_name,
             r.name,
             r.devices.len(),
@@ -189,7 +196,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let plugins = (!args.no_device_plugin).then(|| Plugins {
-        dir: args.device_plugin_dir.clone(),
+        dir: plugin_dir.clone(),
         published,
         config,
         policy,
