@@ -115,9 +115,19 @@ struct Agent {
 }
 
 impl Agent {
+    /// Runs a shell command line (to merge stderr into stdout with `2>&1`).
+    fn start_shell(line: &str) -> Agent {
+        Agent::spawn(Command::new("sh").args(["-c", line]))
+    }
+
     fn start(args: &[&str]) -> Agent {
-        let mut child = gpuops()
-            .args(args)
+        let mut cmd = gpuops();
+        cmd.args(args);
+        Agent::spawn(&mut cmd)
+    }
+
+    fn spawn(command: &mut Command) -> Agent {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -337,4 +347,36 @@ fn catalog_lists_models_and_mig_profiles() {
         text.contains("1g.10gb") && text.contains("7g.80gb") && text.contains("0,1,2,3,4,5,6"),
         "{text}"
     );
+}
+
+#[test]
+fn a_changed_device_plugin_config_is_reloaded_and_a_bad_one_keeps_the_last_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("plugin.yaml");
+    let write = |replicas: u32| {
+        let text = format!(
+            "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+        );
+        std::fs::write(&config, text).unwrap();
+    };
+    write(2);
+    let command = format!(
+        "exec {} agent --simulate l4x4 --interval 300ms --device-plugin-dir {} --config-file {} 2>&1",
+        env!("CARGO_BIN_EXE_gpuops"),
+        dir.path().join("dp").display(),
+        config.display()
+    );
+    let mut agent = Agent::start_shell(&command);
+    agent.wait_for("nvidia.com/gpu.shared (8 devices)");
+    agent.wait_for("re-reading the GPUs");
+    // Modification times can be coarse: make sure the next write looks newer.
+    std::thread::sleep(Duration::from_millis(1100));
+    write(4);
+    agent.wait_for("reloaded");
+    agent.wait_for("nvidia.com/gpu.shared 16/16");
+    std::thread::sleep(Duration::from_millis(1100));
+    write(1);
+    let line = agent.wait_for("keeping the last good device plugin config");
+    assert!(line.contains("replicas must be >= 2"), "{line}");
+    assert!(agent.terminate().success());
 }

@@ -199,6 +199,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         dir: plugin_dir.clone(),
         published,
         config,
+        config_file: args.config_file.clone(),
         policy,
     });
     runtime.block_on(agent_loop(
@@ -225,6 +226,7 @@ struct Plugins {
     dir: PathBuf,
     published: gpuops_deviceplugin::Published,
     config: gpuops_resources::config::Config,
+    config_file: Option<PathBuf>,
     policy: HealthPolicy,
 }
 
@@ -232,11 +234,40 @@ struct Plugins {
 struct Feed {
     tx: tokio::sync::watch::Sender<Arc<gpuops_deviceplugin::Published>>,
     config: gpuops_resources::config::Config,
+    /// The config file and the modification time of the version in use.
+    config_file: Option<(PathBuf, Option<std::time::SystemTime>)>,
     policy: HealthPolicy,
     health: HealthTracker,
 }
 
 impl Feed {
+    /// Re-reads the config file when it changed; a bad one is reported and the last good config
+    /// stays in use.
+    fn reload_config(&mut self) {
+        let Some((path, seen)) = self.config_file.as_mut() else {
+            return;
+        };
+        let modified = std::fs::metadata(&*path).and_then(|m| m.modified()).ok();
+        if modified == *seen {
+            return;
+        }
+        *seen = modified;
+        match plugin_config(Some(&*path)) {
+            Ok(config) => {
+                println!(
+                    "{} device plugin config {} reloaded",
+                    clock(),
+                    path.display()
+                );
+                self.config = config;
+            }
+            Err(e) => eprintln!(
+                "{} {e:#}; keeping the last good device plugin config",
+                clock()
+            ),
+        }
+    }
+
     fn republish(&self, inv: &Inventory) {
         match publish(inv, &self.config, &self.health) {
             Ok(p) if p.resources != self.tx.borrow().resources => {
@@ -272,9 +303,14 @@ async fn agent_loop(
             rx,
             plugins_stopped,
         )));
+        let config_file = p.config_file.map(|f| {
+            let modified = std::fs::metadata(&f).and_then(|m| m.modified()).ok();
+            (f, modified)
+        });
         feed = Some(Feed {
             tx,
             config: p.config,
+            config_file,
             policy: p.policy,
             health: HealthTracker::default(),
         });
@@ -314,6 +350,7 @@ async fn agent_loop(
                             *h = healthy_indices(&next);
                         }
                         if let Some(f) = feed.as_mut() {
+                            f.reload_config();
                             if f.health.expire(&f.policy, gpu_source::now_ms()) {
                                 println!("{} no XID for the quiet period: devices healthy again where the driver agrees", clock());
                             }
