@@ -50,6 +50,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: logs piped to files and collectors stay plain.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
         Command::Agent(args) => cmd::agent::run(args),
