@@ -39,6 +39,7 @@ enum Command {
     Sim(cmd::sim::Args),
     Mig(cmd::mig::Args),
     Catalog(cmd::catalog::Args),
+    Cdi(cmd::cdi::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => cmd::sim::run(args),
         Command::Mig(args) => cmd::mig::run(args),
         Command::Catalog(args) => cmd::catalog::run(args),
+        Command::Cdi(args) => cmd::cdi::run(args),
     };
     match result {
         Ok(code) => code,

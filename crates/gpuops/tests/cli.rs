@@ -380,3 +380,89 @@ fn a_changed_device_plugin_config_is_reloaded_and_a_bad_one_keeps_the_last_good(
     assert!(line.contains("replicas must be >= 2"), "{line}");
     assert!(agent.terminate().success());
 }
+
+#[test]
+fn cdi_generate_names_every_gpu_and_mig_device() {
+    let o = run(&[
+        "cdi",
+        "generate",
+        "--simulate",
+        "dgx-h100",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["cdiVersion"], "0.6.0");
+    assert_eq!(v["kind"], "k8s.device-plugin.nvidia.com/gpu");
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let n = names(&v);
+    assert_eq!(n.len(), 16, "{n:?}");
+    assert_eq!(n.iter().filter(|n| n.starts_with("GPU-")).count(), 8);
+    assert!((0..8).all(|i| n.contains(&i.to_string())), "{n:?}");
+    assert_eq!(v["containerEdits"]["env"][0], "NVIDIA_VISIBLE_DEVICES=void");
+
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap();
+    let o = run(&["sim", "init", "--fleet", "dgx-h100", "--state", state]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&[
+        "mig",
+        "apply",
+        "-f",
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/seed-mig-parted-config.yaml"
+        ),
+        "-c",
+        "mixed-inference",
+        "--sim-state",
+        state,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let inv = run(&["inventory", "--sim-state", state, "-o", "json"]);
+    let inv: serde_json::Value = serde_json::from_str(&stdout(&inv)).unwrap();
+    let out = dir.path().join("cdi").join("spec.json");
+    let o = run(&[
+        "cdi",
+        "generate",
+        "--sim-state",
+        state,
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let n = names(&v);
+    // 8 GPUs with 5 MIG devices each, every one by UUID and by index.
+    assert_eq!(n.len(), 2 * (8 + 8 * 5), "{n:?}");
+    let mig = inv["gpus"][3]["mig_devices"][4]["uuid"].as_str().unwrap();
+    assert!(
+        mig.starts_with("MIG-") && n.contains(&mig.to_string()),
+        "{n:?}"
+    );
+    assert!(n.contains(&"3:4".to_string()) && n.contains(&"7:0".to_string()));
+    let dev = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "3:4")
+        .unwrap();
+    let nodes = dev["containerEdits"]["deviceNodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 3);
+    assert_eq!(nodes[0]["path"], "/dev/nvidia3");
+    assert!(
+        nodes[1]["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("/dev/nvidia-caps/nvidia-cap")
+    );
+}

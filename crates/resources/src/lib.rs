@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod allocate;
+pub mod cdi;
 pub mod config;
 pub mod health;
 pub mod model;

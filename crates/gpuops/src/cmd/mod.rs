@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod catalog;
+pub mod cdi;
 pub mod inventory;
 pub mod mig;
 pub mod sim;

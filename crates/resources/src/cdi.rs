@@ -1,0 +1,630 @@
+//! A CDI (Container Device Interface) spec for the node's GPUs and MIG devices, so the
+//! `cdi-annotations` / `cdi-cri` device list strategies work without `nvidia-ctk cdi generate`.
+//!
+//! Pure: [`spec`] turns an inventory snapshot and what is known about the host's device nodes into
+//! a [`CdiSpec`]; [`validate`] checks what the CDI schema requires of it.
+//!
+//! Every name [`crate::allocate`] can emit (`k8s.device-plugin.nvidia.com/gpu=<id>` with a GPU UUID,
+//! a GPU index `i`, a MIG UUID or a MIG index `i:j`) has a device here.
+
+use crate::allocate::{CDI_KIND, HostDevices, VISIBLE_DEVICES_ENV, presumed_mig_cap_minors};
+use gpuops_inventory::Inventory;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// The CDI spec version written.
+pub const CDI_VERSION: &str = "0.6.0";
+/// CDI spec versions [`validate`] accepts.
+pub const KNOWN_CDI_VERSIONS: &[&str] = &[
+    "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0",
+];
+/// Where the device plugin's spec usually lives on a node.
+pub const DEFAULT_SPEC_PATH: &str = "/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json";
+/// Hook names the CDI schema allows.
+const HOOK_NAMES: &[&str] = &[
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+];
+
+/// A CDI spec file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiSpec {
+    #[serde(default)]
+    pub cdi_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub devices: Vec<CdiDevice>,
+    /// Edits every device of this spec needs.
+    #[serde(default, skip_serializing_if = "ContainerEdits::is_empty")]
+    pub container_edits: ContainerEdits,
+}
+
+/// One device: `kind=name`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiDevice {
+    pub name: String,
+    #[serde(default)]
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEdits {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<CdiMount>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<Hook>,
+}
+
+impl ContainerEdits {
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty()
+            && self.device_nodes.is_empty()
+            && self.mounts.is_empty()
+            && self.hooks.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    /// Path in the container.
+    pub path: String,
+    /// Path on the host, when it differs from `path` (a driver root other than `/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiMount {
+    pub host_path: String,
+    pub container_path: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub mount_type: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    pub hook_name: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<i64>,
+}
+
+fn node(dev_root: &str, path: String) -> DeviceNode {
+    let root = dev_root.trim_end_matches('/');
+    DeviceNode {
+        host_path: (!root.is_empty()).then(|| format!("{root}{path}")),
+        path,
+        permissions: None,
+    }
+}
+
+fn mig_caps(host: &HostDevices, gpu_minor: u32, gi_id: u32, ci_id: u32) -> (u32, u32) {
+    let presumed = presumed_mig_cap_minors(gpu_minor, gi_id, ci_id);
+    match &host.mig_minors {
+        Some(m) => (
+            m.get(&format!("gpu{gpu_minor}/gi{gi_id}/access"))
+                .copied()
+                .unwrap_or(presumed.0),
+            m.get(&format!("gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access"))
+                .copied()
+                .unwrap_or(presumed.1),
+        ),
+        None => presumed,
+    }
+}
+
+/// The spec for `inv`'s GPUs (named by UUID and by index `i`) and MIG devices (by MIG UUID and by
+/// `i:j`). Control nodes `host` says exist go to the top-level edits, with
+/// `NVIDIA_VISIBLE_DEVICES=void` so the NVIDIA runtime hook injects nothing more. Host paths are
+/// `dev_root` + the container path (`/` or empty: the same path, `hostPath` left out). A GPU with
+/// no known minor number gets no device nodes ([`validate`] then rejects its devices).
+pub fn spec(inv: &Inventory, host: &HostDevices, dev_root: &str) -> CdiSpec {
+    let mut devices = Vec::new();
+    let mut add = |names: [String; 2], paths: &[String]| {
+        let edits = ContainerEdits {
+            device_nodes: paths.iter().map(|p| node(dev_root, p.clone())).collect(),
+            ..ContainerEdits::default()
+        };
+        for name in names {
+            devices.push(CdiDevice {
+                name,
+                container_edits: edits.clone(),
+            });
+        }
+    };
+    for g in &inv.gpus {
+        let gpu_node = g.minor_number.map(|m| format!("/dev/nvidia{m}"));
+        add([g.uuid.clone(), g.index.to_string()], gpu_node.as_slice());
+        for m in &g.mig_devices {
+            let mut paths: Vec<String> = gpu_node.iter().cloned().collect();
+            if let Some(minor) = g.minor_number {
+                let (gi, ci) = mig_caps(host, minor, m.gi_id, m.ci_id);
+                paths.push(format!("/dev/nvidia-caps/nvidia-cap{gi}"));
+                paths.push(format!("/dev/nvidia-caps/nvidia-cap{ci}"));
+            }
+            add([m.uuid.clone(), format!("{}:{}", g.index, m.index)], &paths);
+        }
+    }
+    let mut top = ContainerEdits {
+        env: vec![format!("{VISIBLE_DEVICES_ENV}=void")],
+        ..ContainerEdits::default()
+    };
+    for (present, p) in [
+        (host.nvidiactl, "/dev/nvidiactl"),
+        (host.nvidia_uvm, "/dev/nvidia-uvm"),
+        (host.nvidia_uvm_tools, "/dev/nvidia-uvm-tools"),
+        (host.nvidia_modeset, "/dev/nvidia-modeset"),
+    ] {
+        if present {
+            top.device_nodes.push(node(dev_root, p.to_string()));
+        }
+    }
+    CdiSpec {
+        cdi_version: CDI_VERSION.into(),
+        kind: CDI_KIND.into(),
+        devices,
+        container_edits: top,
+    }
+}
+
+/// `^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$`.
+fn valid_device_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'))
+}
+
+/// CDI's vendor / class rules: starts with a letter, ends with a letter or digit, in between
+/// letters, digits, `-`, `_` (and `.` for vendors).
+fn valid_kind_part(s: &str, allow_dot: bool) -> bool {
+    let (Some(first), Some(last)) = (s.chars().next(), s.chars().last()) else {
+        return false;
+    };
+    first.is_ascii_alphabetic()
+        && last.is_ascii_alphanumeric()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || (allow_dot && c == '.'))
+}
+
+fn validate_edits(what: &str, e: &ContainerEdits, problems: &mut Vec<String>) {
+    for env in &e.env {
+        match env.split_once('=') {
+            Some((k, _)) if !k.is_empty() => {}
+            _ => problems.push(format!("{what}: env entry {env:?} is not KEY=VALUE")),
+        }
+    }
+    for n in &e.device_nodes {
+        if !n.path.starts_with('/') {
+            problems.push(format!(
+                "{what}: device node path {:?} is not absolute",
+                n.path
+            ));
+        }
+        if let Some(h) = &n.host_path
+            && !h.starts_with('/')
+        {
+            problems.push(format!(
+                "{what}: device node hostPath {h:?} is not absolute"
+            ));
+        }
+        if let Some(p) = &n.permissions
+            && (p.is_empty() || !p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')))
+        {
+            problems.push(format!(
+                "{what}: device node {:?} has permissions {p:?} (want some of r, w, m)",
+                n.path
+            ));
+        }
+    }
+    for m in &e.mounts {
+        if m.host_path.is_empty() || m.container_path.is_empty() {
+            problems.push(format!(
+                "{what}: mount needs both hostPath and containerPath ({:?} -> {:?})",
+                m.host_path, m.container_path
+            ));
+        }
+    }
+    for h in &e.hooks {
+        if !HOOK_NAMES.contains(&h.hook_name.as_str()) {
+            problems.push(format!("{what}: unknown hook name {:?}", h.hook_name));
+        }
+        if h.path.is_empty() {
+            problems.push(format!("{what}: hook {:?} has no path", h.hook_name));
+        }
+    }
+}
+
+/// Checks what the CDI schema requires: a known `cdiVersion`, a `vendor/class` kind, at least one
+/// device, valid and unique device names, non-empty device edits, absolute device node paths and
+/// `KEY=VALUE` env entries. All problems found, in order.
+pub fn validate(spec: &CdiSpec) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    if spec.cdi_version.is_empty() {
+        problems.push("cdiVersion is missing".to_string());
+    } else if !KNOWN_CDI_VERSIONS.contains(&spec.cdi_version.as_str()) {
+        problems.push(format!(
+            "cdiVersion {:?} is not one of {}",
+            spec.cdi_version,
+            KNOWN_CDI_VERSIONS.join(", ")
+        ));
+    }
+    match spec.kind.split_once('/') {
+        Some((vendor, class)) if valid_kind_part(vendor, true) && valid_kind_part(class, false) => {
+        }
+        _ => problems.push(format!(
+            "kind {:?} is not vendor/class (e.g. {CDI_KIND})",
+            spec.kind
+        )),
+    }
+    if spec.devices.is_empty() {
+        problems.push("no devices".to_string());
+    }
+    let mut seen = BTreeSet::new();
+    for d in &spec.devices {
+        if !valid_device_name(&d.name) {
+            problems.push(format!(
+                "device name {:?} does not match ^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$",
+                d.name
+            ));
+        }
+        if !seen.insert(d.name.as_str()) {
+            problems.push(format!("device name {:?} is used more than once", d.name));
+        }
+        if d.container_edits.is_empty() {
+            problems.push(format!("device {:?} has empty containerEdits", d.name));
+        }
+        validate_edits(
+            &format!("device {:?}", d.name),
+            &d.container_edits,
+            &mut problems,
+        );
+    }
+    validate_edits("spec containerEdits", &spec.container_edits, &mut problems);
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocate::allocate;
+    use crate::config::Overrides;
+    use crate::model::resources;
+    use crate::testutil::*;
+    use crate::{Config, parse_mig_minors};
+
+    fn mig_inv() -> Inventory {
+        inv(vec![
+            gpu(0),
+            mig_gpu(1, &["1g.10gb", "1g.10gb", "3g.40gb"]),
+            mig_gpu(2, &["7g.80gb"]),
+        ])
+    }
+
+    fn names(s: &CdiSpec) -> Vec<&str> {
+        s.devices.iter().map(|d| d.name.as_str()).collect()
+    }
+
+    fn paths(s: &CdiSpec, name: &str) -> Vec<String> {
+        s.devices
+            .iter()
+            .find(|d| d.name == name)
+            .unwrap()
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.clone())
+            .collect()
+    }
+
+    #[test]
+    fn generated_spec_is_valid_and_names_every_device() {
+        let s = spec(&mig_inv(), &HostDevices::default(), "/");
+        assert_eq!(validate(&s), Ok(()));
+        assert_eq!(s.cdi_version, "0.6.0");
+        assert_eq!(s.kind, "k8s.device-plugin.nvidia.com/gpu");
+        assert_eq!(s.devices.len(), 2 * (3 + 4));
+        let n = names(&s);
+        for want in [
+            uuid(0),
+            "0".into(),
+            uuid(1),
+            "1".into(),
+            mig_uuid(1, 0),
+            "1:0".into(),
+            mig_uuid(1, 2),
+            "1:2".into(),
+            mig_uuid(2, 0),
+            "2:0".into(),
+        ] {
+            assert!(n.contains(&want.as_str()), "{want} not in {n:?}");
+        }
+        assert_eq!(paths(&s, &uuid(0)), vec!["/dev/nvidia0"]);
+        assert_eq!(paths(&s, "0"), vec!["/dev/nvidia0"]);
+        // gi 2 ci 0 on minor 1: 3 + 135 + 18 = 156, 157.
+        assert_eq!(
+            paths(&s, "1:1"),
+            vec![
+                "/dev/nvidia1",
+                "/dev/nvidia-caps/nvidia-cap156",
+                "/dev/nvidia-caps/nvidia-cap157"
+            ]
+        );
+        assert_eq!(paths(&s, &mig_uuid(1, 1)), paths(&s, "1:1"));
+        assert_eq!(s.container_edits.env, vec!["NVIDIA_VISIBLE_DEVICES=void"]);
+        let top: Vec<&str> = s
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        assert_eq!(
+            top,
+            vec![
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools",
+                "/dev/nvidia-modeset"
+            ]
+        );
+        assert!(
+            s.devices
+                .iter()
+                .flat_map(|d| &d.container_edits.device_nodes)
+                .all(|n| n.host_path.is_none())
+        );
+    }
+
+    #[test]
+    fn host_devices_and_dev_root_shape_the_nodes() {
+        let host = HostDevices {
+            nvidia_uvm_tools: false,
+            nvidia_modeset: false,
+            mig_minors: Some(parse_mig_minors(
+                "config 1\nmonitor 2\ngpu1/gi1/access 500\ngpu1/gi1/ci0/access 501\n",
+            )),
+            ..HostDevices::default()
+        };
+        let s = spec(&mig_inv(), &host, "/run/nvidia/driver/");
+        assert_eq!(validate(&s), Ok(()));
+        let top: Vec<(&str, Option<&str>)> = s
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| (n.path.as_str(), n.host_path.as_deref()))
+            .collect();
+        assert_eq!(
+            top,
+            vec![
+                ("/dev/nvidiactl", Some("/run/nvidia/driver/dev/nvidiactl")),
+                ("/dev/nvidia-uvm", Some("/run/nvidia/driver/dev/nvidia-uvm")),
+            ]
+        );
+        assert_eq!(
+            paths(&s, "1:0"),
+            vec![
+                "/dev/nvidia1",
+                "/dev/nvidia-caps/nvidia-cap500",
+                "/dev/nvidia-caps/nvidia-cap501"
+            ]
+        );
+        let d = s.devices.iter().find(|d| d.name == "1:0").unwrap();
+        assert_eq!(
+            d.container_edits.device_nodes[1].host_path.as_deref(),
+            Some("/run/nvidia/driver/dev/nvidia-caps/nvidia-cap500")
+        );
+        // No control nodes at all: still valid (the env edit remains).
+        let none = HostDevices {
+            nvidiactl: false,
+            nvidia_uvm: false,
+            nvidia_uvm_tools: false,
+            nvidia_modeset: false,
+            mig_minors: None,
+        };
+        let s = spec(&mig_inv(), &none, "");
+        assert!(s.container_edits.device_nodes.is_empty());
+        assert_eq!(validate(&s), Ok(()));
+    }
+
+    #[test]
+    fn every_cdi_name_allocate_emits_is_in_the_spec() {
+        let inventory = mig_inv();
+        let s = spec(&inventory, &HostDevices::default(), "/");
+        let prefix = format!("{}=", s.kind);
+        for strategy in ["uuid", "index"] {
+            let yaml = format!(
+                "version: v1\nflags:\n  migStrategy: mixed\n  plugin:\n    deviceIDStrategy: {strategy}\n    deviceListStrategy: [cdi-cri, cdi-annotations]\n"
+            );
+            let file = Config::parse(&yaml, "t.yaml").unwrap();
+            let cfg = Config::effective(Some(file), &Overrides::default(), &Overrides::default())
+                .unwrap();
+            let rs = resources(&inventory, &cfg).unwrap();
+            let mut emitted = 0;
+            for r in &rs {
+                for d in &r.devices {
+                    let a = allocate(
+                        r,
+                        std::slice::from_ref(&d.id),
+                        &cfg,
+                        &HostDevices::default(),
+                    )
+                    .unwrap();
+                    assert!(!a.cdi_devices.is_empty());
+                    let from_annotations: Vec<&str> =
+                        a.annotations.values().flat_map(|v| v.split(',')).collect();
+                    for full in a
+                        .cdi_devices
+                        .iter()
+                        .map(String::as_str)
+                        .chain(from_annotations)
+                    {
+                        let name = full.strip_prefix(&prefix).unwrap_or_else(|| {
+                            panic!("{full} is not of kind {}", s.kind);
+                        });
+                        assert!(
+                            s.devices.iter().any(|x| x.name == name),
+                            "{full} ({strategy}) has no device in the spec"
+                        );
+                        emitted += 1;
+                    }
+                }
+            }
+            // 1 full GPU + 4 MIG devices, each via cri and annotations.
+            assert_eq!(emitted, 2 * 5, "{strategy}");
+        }
+    }
+
+    fn good() -> CdiSpec {
+        spec(&inv(vec![gpu(0)]), &HostDevices::default(), "/")
+    }
+
+    fn problems(s: &CdiSpec) -> Vec<String> {
+        validate(s).unwrap_err()
+    }
+
+    #[test]
+    fn validate_rejects_broken_specs() {
+        assert_eq!(validate(&good()), Ok(()));
+
+        let mut s = good();
+        s.cdi_version.clear();
+        assert_eq!(problems(&s), vec!["cdiVersion is missing"]);
+        s.cdi_version = "9.9.9".into();
+        assert!(problems(&s)[0].contains("not one of"));
+
+        for kind in [
+            "",
+            "gpu",
+            "nvidia.com/",
+            "/gpu",
+            "nvidia.com/gpu/x",
+            "-nvidia.com/gpu",
+            "nvidia.com/g.pu",
+            "nvidia com/gpu",
+        ] {
+            let mut s = good();
+            s.kind = kind.into();
+            let p = problems(&s);
+            assert!(
+                p.len() == 1 && p[0].contains("is not vendor/class"),
+                "{kind}: {p:?}"
+            );
+        }
+        for kind in ["nvidia.com/gpu", "vendor/class", "a-b_c.d/e_f-1"] {
+            let mut s = good();
+            s.kind = kind.into();
+            assert_eq!(validate(&s), Ok(()), "{kind}");
+        }
+
+        let mut s = good();
+        s.devices.clear();
+        assert_eq!(problems(&s), vec!["no devices"]);
+
+        for bad in ["", "-0", ":x", "a b", "a/b", "a=b"] {
+            let mut s = good();
+            s.devices[1].name = bad.into();
+            let p = problems(&s);
+            assert!(
+                p.len() == 1 && p[0].contains("does not match"),
+                "{bad}: {p:?}"
+            );
+        }
+        let mut s = good();
+        s.devices[1].name = "a_b.c:d-e".into();
+        assert_eq!(validate(&s), Ok(()));
+
+        let mut s = good();
+        s.devices[1].name = s.devices[0].name.clone();
+        assert!(problems(&s)[0].contains("more than once"));
+
+        let mut s = good();
+        s.devices[0].container_edits = ContainerEdits::default();
+        assert!(problems(&s)[0].contains("empty containerEdits"));
+
+        let mut s = good();
+        s.devices[0].container_edits.device_nodes[0].path = "dev/nvidia0".into();
+        s.container_edits.device_nodes[0].host_path = Some("relative".into());
+        s.container_edits.device_nodes[1].permissions = Some("rx".into());
+        let p = problems(&s);
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(p[0].contains("\"dev/nvidia0\" is not absolute"));
+        assert!(p[1].contains("hostPath \"relative\" is not absolute"));
+        assert!(p[2].contains("permissions \"rx\""));
+
+        for env in ["NOEQUALS", "=value"] {
+            let mut s = good();
+            s.container_edits.env.push(env.into());
+            assert!(problems(&s)[0].contains("not KEY=VALUE"), "{env}");
+        }
+        let mut s = good();
+        s.container_edits.env.push("EMPTY=".into());
+        assert_eq!(validate(&s), Ok(()));
+
+        let mut s = good();
+        s.container_edits.mounts.push(CdiMount::default());
+        s.container_edits.hooks.push(Hook {
+            hook_name: "onStart".into(),
+            ..Hook::default()
+        });
+        assert_eq!(problems(&s).len(), 3);
+
+        // A GPU without a minor number yields devices validate rejects.
+        let mut g = gpu(0);
+        g.minor_number = None;
+        let s = spec(&inv(vec![g]), &HostDevices::default(), "/");
+        assert_eq!(problems(&s).len(), 2);
+
+        // Several problems at once are all reported.
+        let mut s = good();
+        s.cdi_version.clear();
+        s.kind = "x".into();
+        s.devices[0].name = "".into();
+        assert_eq!(problems(&s).len(), 3);
+    }
+
+    #[test]
+    fn json_shape_round_trips() {
+        let s = spec(&mig_inv(), &HostDevices::default(), "/");
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["cdiVersion"], "0.6.0");
+        assert_eq!(v["containerEdits"]["env"][0], "NVIDIA_VISIBLE_DEVICES=void");
+        assert_eq!(
+            v["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
+            "/dev/nvidia0"
+        );
+        assert!(v["devices"][0]["containerEdits"].get("mounts").is_none());
+        let back: CdiSpec = serde_json::from_value(v).unwrap();
+        assert_eq!(back, s);
+        let y = serde_saphyr::to_string(&s).unwrap();
+        assert!(
+            y.contains("cdiVersion: 0.6.0") || y.contains("cdiVersion: \"0.6.0\""),
+            "{y}"
+        );
+    }
+}
