@@ -99,7 +99,14 @@ pub fn presumed_mig_cap_minors(gpu_minor: u32, gi_id: u32, ci_id: u32) -> (u32, 
     (gi, gi + 1 + ci_id)
 }
 
-fn mig_cap_minors(host: &HostDevices, gpu_minor: u32, gi_id: u32, ci_id: u32) -> (u32, u32) {
+/// The capability device minors of a MIG device: from the host's `mig-minors` file when read,
+/// else presumed.
+pub(crate) fn mig_cap_minors(
+    host: &HostDevices,
+    gpu_minor: u32,
+    gi_id: u32,
+    ci_id: u32,
+) -> (u32, u32) {
     let presumed = presumed_mig_cap_minors(gpu_minor, gi_id, ci_id);
     match &host.mig_minors {
         Some(m) => (

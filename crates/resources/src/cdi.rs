@@ -7,7 +7,7 @@
 //! Every name [`crate::allocate`] can emit (`k8s.device-plugin.nvidia.com/gpu=<id>` with a GPU UUID,
 //! a GPU index `i`, a MIG UUID or a MIG index `i:j`) has a device here.
 
-use crate::allocate::{CDI_KIND, HostDevices, VISIBLE_DEVICES_ENV, presumed_mig_cap_minors};
+use crate::allocate::{CDI_KIND, HostDevices, VISIBLE_DEVICES_ENV, mig_cap_minors};
 use gpuops_inventory::Inventory;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -121,21 +121,6 @@ fn node(dev_root: &str, path: String) -> DeviceNode {
     }
 }
 
-fn mig_caps(host: &HostDevices, gpu_minor: u32, gi_id: u32, ci_id: u32) -> (u32, u32) {
-    let presumed = presumed_mig_cap_minors(gpu_minor, gi_id, ci_id);
-    match &host.mig_minors {
-        Some(m) => (
-            m.get(&format!("gpu{gpu_minor}/gi{gi_id}/access"))
-                .copied()
-                .unwrap_or(presumed.0),
-            m.get(&format!("gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access"))
-                .copied()
-                .unwrap_or(presumed.1),
-        ),
-        None => presumed,
-    }
-}
-
 /// The spec for `inv`'s GPUs (named by UUID and by index `i`) and MIG devices (by MIG UUID and by
 /// `i:j`). Control nodes `host` says exist go to the top-level edits, with
 /// `NVIDIA_VISIBLE_DEVICES=void` so the NVIDIA runtime hook injects nothing more. Host paths are
@@ -161,7 +146,7 @@ pub fn spec(inv: &Inventory, host: &HostDevices, dev_root: &str) -> CdiSpec {
         for m in &g.mig_devices {
             let mut paths: Vec<String> = gpu_node.iter().cloned().collect();
             if let Some(minor) = g.minor_number {
-                let (gi, ci) = mig_caps(host, minor, m.gi_id, m.ci_id);
+                let (gi, ci) = mig_cap_minors(host, minor, m.gi_id, m.ci_id);
                 paths.push(format!("/dev/nvidia-caps/nvidia-cap{gi}"));
                 paths.push(format!("/dev/nvidia-caps/nvidia-cap{ci}"));
             }
