@@ -317,3 +317,49 @@ fn mig_devices_and_shared_gpus_are_advertised_scheduled_and_allocated_like_nvidi
         "replica suffix stripped, as NVIDIA does"
     );
 }
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn an_agent_started_before_the_kubelet_registers_once_the_kubelet_appears() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    // The harness's plugin directory, known before the harness (the "kubelet") runs.
+    let plugin_dir = cluster.dir().join("nodes/late-node/device-plugins");
+    std::fs::create_dir_all(&plugin_dir).unwrap();
+    let log = cluster.dir().join("agent-early.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = common::gpuops()
+        .args([
+            "agent",
+            "--simulate",
+            "l4x4",
+            "--interval",
+            "1s",
+            "--node-name",
+            "late-node",
+        ])
+        .arg("--device-plugin-dir")
+        .arg(&plugin_dir)
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    let _agent = Agent(child);
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(
+        "the agent to serve without a kubelet",
+        Duration::from_secs(30),
+        || {
+            plugin_dir.join("nvidia-gpu.sock").exists()
+                && agent_log().contains("waiting for the kubelet")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
+    // Now the kubelet starts: it wipes the directory and opens kubelet.sock.
+    let _node = HarnessNode::start(&cluster, "late-node").unwrap();
+    wait_until(
+        "registration with the late kubelet",
+        Duration::from_secs(30),
+        || allocatable(&cluster, "late-node", "nvidia.com/gpu").as_deref() == Some("4"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
+}
