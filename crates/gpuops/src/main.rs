@@ -5,6 +5,7 @@
 mod cmd;
 mod gpu_source;
 mod mig_apply;
+mod node_config;
 mod output;
 mod watch;
 

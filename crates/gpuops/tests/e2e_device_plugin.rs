@@ -363,3 +363,86 @@ fn an_agent_started_before_the_kubelet_registers_once_the_kubelet_appears() {
     )
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
 }
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_node_label_picks_a_named_config_and_a_change_applies_without_a_restart() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    let node = HarnessNode::start(&cluster, "labelled-node").unwrap();
+    let configs = cluster.dir().join("plugin-configs");
+    std::fs::create_dir_all(&configs).unwrap();
+    std::fs::write(configs.join("default.yaml"), "version: v1\n").unwrap();
+    std::fs::write(
+        configs.join("shared-4"),
+        "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+    )
+    .unwrap();
+    let log = cluster.dir().join("agent-labelled.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = common::gpuops()
+        .args([
+            "agent",
+            "--simulate",
+            "l4x4",
+            "--interval",
+            "1s",
+            "--node-name",
+            "labelled-node",
+        ])
+        .arg("--config-dir")
+        .arg(&configs)
+        .arg("--device-plugin-dir")
+        .arg(node.plugin_dir())
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    let _agent = Agent(child);
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(
+        "the default config's 4 whole GPUs",
+        Duration::from_secs(60),
+        || allocatable(&cluster, "labelled-node", "nvidia.com/gpu").as_deref() == Some("4"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            "labelled-node",
+            "nvidia.com/device-plugin.config=shared-4",
+        ])
+        .unwrap();
+    wait_until(
+        "16 shared GPUs after the label change",
+        Duration::from_secs(30),
+        || allocatable(&cluster, "labelled-node", "nvidia.com/gpu.shared").as_deref() == Some("16"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
+    assert!(
+        agent_log().contains("nvidia.com/device-plugin.config=shared-4"),
+        "{}",
+        agent_log()
+    );
+    // A label naming no config is reported; the last good config stays.
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            "labelled-node",
+            "--overwrite",
+            "nvidia.com/device-plugin.config=nope",
+        ])
+        .unwrap();
+    wait_until(
+        "the bad label to be reported",
+        Duration::from_secs(30),
+        || agent_log().contains("keeping the last good device plugin config"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
+    assert_eq!(
+        allocatable(&cluster, "labelled-node", "nvidia.com/gpu.shared").as_deref(),
+        Some("16")
+    );
+}

@@ -51,6 +51,16 @@ pub struct Args {
     /// (MIG_STRATEGY, DEVICE_LIST_STRATEGY, DEVICE_SPLIT_COUNT, ...) override it.
     #[arg(long, env = "CONFIG_FILE", value_name = "FILE")]
     config_file: Option<PathBuf>,
+    /// A directory of named device plugin configs (a mounted ConfigMap: one file per config); the
+    /// node label `nvidia.com/device-plugin.config` picks one, watched through the Kubernetes API
+    /// (KUBECONFIG or in-cluster). Without the label: the config named `default`, else the only one.
+    #[arg(
+        long,
+        env = "GPUOPS_CONFIG_DIR",
+        value_name = "DIR",
+        conflicts_with = "config_file"
+    )]
+    config_dir: Option<PathBuf>,
     /// Do not serve the kubelet device plugin API.
     #[arg(long)]
     no_device_plugin: bool,
@@ -64,9 +74,15 @@ pub struct Args {
 const KUBELET_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 
 /// The effective device plugin config: file, then NVIDIA's env vars on top.
-fn plugin_config(file: Option<&PathBuf>) -> Result<gpuops_resources::config::Config> {
-    let parsed = match file {
-        Some(path) => {
+fn plugin_config(
+    file: Option<&PathBuf>,
+    named: Option<(&NamedConfigs, Option<&str>)>,
+) -> Result<gpuops_resources::config::Config> {
+    let parsed = match (file, named) {
+        (_, Some((configs, label))) => {
+            Some(gpuops_resources::select_named(configs, label, None)?.config)
+        }
+        (Some(path), None) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading device plugin config {}", path.display()))?;
             Some(gpuops_resources::config::Config::parse(
@@ -74,7 +90,7 @@ fn plugin_config(file: Option<&PathBuf>) -> Result<gpuops_resources::config::Con
                 &path.display().to_string(),
             )?)
         }
-        None => None,
+        (None, None) => None,
     };
     let env = gpuops_resources::config::Overrides::from_env(std::env::vars())?;
     Ok(gpuops_resources::config::Config::effective(
@@ -83,6 +99,9 @@ fn plugin_config(file: Option<&PathBuf>) -> Result<gpuops_resources::config::Con
         &gpuops_resources::config::Overrides::default(),
     )?)
 }
+
+/// Named device plugin configs, by name.
+type NamedConfigs = std::collections::BTreeMap<String, gpuops_resources::config::Config>;
 
 /// What the device plugins advertise for an inventory; a model error is logged and advertises
 /// nothing (unless FAIL_ON_INIT_ERROR), so the agent keeps running.
@@ -151,7 +170,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Some(sim) => sim.state_dir.join("device-plugins"),
             None => PathBuf::from(KUBELET_DEVICE_PLUGIN_DIR),
         });
-    let config = plugin_config(args.config_file.as_ref())?;
+    let named = args
+        .config_dir
+        .as_ref()
+        .map(|dir| crate::node_config::load_dir(dir))
+        .transpose()?;
+    let config = plugin_config(args.config_file.as_ref(), named.as_ref().map(|n| (n, None)))?;
     let published = publish(&first, &config, &HealthTracker::default())?;
     let policy = HealthPolicy::from_env(
         std::env::var("DP_DISABLE_HEALTHCHECKS").ok().as_deref(),
@@ -200,6 +224,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         published,
         config,
         config_file: args.config_file.clone(),
+        named: named.map(|n| (n, node.clone())),
         policy,
     });
     runtime.block_on(agent_loop(
@@ -227,6 +252,8 @@ struct Plugins {
     published: gpuops_deviceplugin::Published,
     config: gpuops_resources::config::Config,
     config_file: Option<PathBuf>,
+    /// Named configs and this node's name, to follow the node's config label.
+    named: Option<(NamedConfigs, String)>,
     policy: HealthPolicy,
 }
 
@@ -236,6 +263,8 @@ struct Feed {
     config: gpuops_resources::config::Config,
     /// The config file and the modification time of the version in use.
     config_file: Option<(PathBuf, Option<std::time::SystemTime>)>,
+    /// Named configs and the node label that picks one.
+    named: Option<(NamedConfigs, tokio::sync::watch::Receiver<Option<String>>)>,
     policy: HealthPolicy,
     health: HealthTracker,
 }
@@ -244,6 +273,26 @@ impl Feed {
     /// Re-reads the config file when it changed; a bad one is reported and the last good config
     /// stays in use.
     fn reload_config(&mut self) {
+        if let Some((configs, label)) = self.named.as_mut()
+            && label.has_changed().unwrap_or(false)
+        {
+            let value = label.borrow_and_update().clone();
+            match plugin_config(None, Some((configs, value.as_deref()))) {
+                Ok(config) => {
+                    println!(
+                        "{} node label {}={}: device plugin config switched",
+                        clock(),
+                        crate::node_config::LABEL,
+                        value.as_deref().unwrap_or("(none)")
+                    );
+                    self.config = config;
+                }
+                Err(e) => eprintln!(
+                    "{} {e:#}; keeping the last good device plugin config",
+                    clock()
+                ),
+            }
+        }
         let Some((path, seen)) = self.config_file.as_mut() else {
             return;
         };
@@ -252,7 +301,7 @@ impl Feed {
             return;
         }
         *seen = modified;
-        match plugin_config(Some(&*path)) {
+        match plugin_config(Some(&*path), None) {
             Ok(config) => {
                 println!(
                     "{} device plugin config {} reloaded",
@@ -307,10 +356,20 @@ async fn agent_loop(
             let modified = std::fs::metadata(&f).and_then(|m| m.modified()).ok();
             (f, modified)
         });
+        let named = p.named.map(|(configs, node)| {
+            let (label_tx, label_rx) = tokio::sync::watch::channel(None);
+            tokio::spawn(async move {
+                if let Err(e) = crate::node_config::watch_label(node, label_tx).await {
+                    eprintln!("{} {e:#}; using the default device plugin config", clock());
+                }
+            });
+            (configs, label_rx)
+        });
         feed = Some(Feed {
             tx,
             config: p.config,
             config_file,
+            named,
             policy: p.policy,
             health: HealthTracker::default(),
         });
