@@ -466,3 +466,60 @@ fn cdi_generate_names_every_gpu_and_mig_device() {
             .starts_with("/dev/nvidia-caps/nvidia-cap")
     );
 }
+
+#[test]
+fn nvidia_flags_win_over_env_vars_which_win_over_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("plugin.yaml");
+    std::fs::write(
+        &config,
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n",
+    )
+    .unwrap();
+    let run_with = |env: Option<&str>, flag: Option<&str>| {
+        let mut c = gpuops();
+        c.args([
+            "agent",
+            "--simulate",
+            "l4x4",
+            "--once",
+            "--config-file",
+            config.to_str().unwrap(),
+        ]);
+        c.env_remove("DEVICE_SPLIT_COUNT");
+        if let Some(v) = env {
+            c.env("DEVICE_SPLIT_COUNT", v);
+        }
+        if let Some(v) = flag {
+            c.args(["--device-split-count", v]);
+        }
+        c.output().unwrap()
+    };
+    let devices = |o: &Output| {
+        let out = stdout(o);
+        assert!(o.status.success(), "{out}{}", stderr(o));
+        out.lines()
+            .find(|l| l.contains("for nvidia.com/gpu ("))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    assert!(
+        devices(&run_with(None, None)).contains("(12 devices)"),
+        "file: 4 GPUs x 3"
+    );
+    assert!(
+        devices(&run_with(Some("2"), None)).contains("(8 devices)"),
+        "env over file"
+    );
+    assert!(
+        devices(&run_with(Some("2"), Some("4"))).contains("(16 devices)"),
+        "flag over env"
+    );
+    let o = run_with(None, Some("many"));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--device-split-count"),
+        "{}",
+        stderr(&o)
+    );
+}

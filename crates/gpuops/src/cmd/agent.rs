@@ -68,6 +68,71 @@ pub struct Args {
     /// (and once the driver answers for it). NVIDIA's plugin never recovers without a restart.
     #[arg(long, env = "GPUOPS_HEALTH_QUIET_PERIOD", default_value = "5m", value_parser = super::parse_duration)]
     health_quiet_period: Duration,
+    #[command(flatten)]
+    nvidia: NvidiaFlags,
+}
+
+/// NVIDIA device plugin flags, same names and meaning; they win over the env vars of the same name
+/// (MIG_STRATEGY, ...) which win over the config file.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "NVIDIA device plugin flags (override env vars and the config file)")]
+pub struct NvidiaFlags {
+    /// none | single | mixed
+    #[arg(long)]
+    mig_strategy: Option<String>,
+    #[arg(long, value_name = "BOOL")]
+    fail_on_init_error: Option<String>,
+    #[arg(long, value_name = "DIR")]
+    nvidia_driver_root: Option<String>,
+    #[arg(long, value_name = "DIR")]
+    nvidia_dev_root: Option<String>,
+    #[arg(long, value_name = "BOOL")]
+    pass_device_specs: Option<String>,
+    /// Comma list of envvar, volume-mounts, cdi-annotations, cdi-cri.
+    #[arg(long, value_name = "LIST")]
+    device_list_strategy: Option<String>,
+    /// uuid | index
+    #[arg(long)]
+    device_id_strategy: Option<String>,
+    #[arg(long, value_name = "PREFIX")]
+    cdi_annotation_prefix: Option<String>,
+    #[arg(long, value_name = "DIR")]
+    mps_root: Option<String>,
+    /// distributed | packed
+    #[arg(long)]
+    shared_devices_allocation_policy: Option<String>,
+    /// Time-slicing replicas of nvidia.com/gpu (1 = no sharing), as the seed's DaemonSet sets it.
+    #[arg(long, value_name = "N")]
+    device_split_count: Option<String>,
+}
+
+impl NvidiaFlags {
+    fn overrides(&self) -> Result<gpuops_resources::config::Overrides> {
+        let mut o = gpuops_resources::config::Overrides::default();
+        for (var, value) in [
+            ("MIG_STRATEGY", &self.mig_strategy),
+            ("FAIL_ON_INIT_ERROR", &self.fail_on_init_error),
+            ("NVIDIA_DRIVER_ROOT", &self.nvidia_driver_root),
+            ("NVIDIA_DEV_ROOT", &self.nvidia_dev_root),
+            ("PASS_DEVICE_SPECS", &self.pass_device_specs),
+            ("DEVICE_LIST_STRATEGY", &self.device_list_strategy),
+            ("DEVICE_ID_STRATEGY", &self.device_id_strategy),
+            ("CDI_ANNOTATION_PREFIX", &self.cdi_annotation_prefix),
+            ("MPS_ROOT", &self.mps_root),
+            (
+                "SHARED_DEVICES_ALLOCATION_POLICY",
+                &self.shared_devices_allocation_policy,
+            ),
+            ("DEVICE_SPLIT_COUNT", &self.device_split_count),
+        ] {
+            if let Some(v) = value {
+                let flag = var.to_lowercase().replace('_', "-");
+                o.set(var, v)
+                    .map_err(|e| anyhow::anyhow!("--{flag} {v:?}: {e}"))?;
+            }
+        }
+        Ok(o)
+    }
 }
 
 /// Where the kubelet looks for device plugins.
@@ -77,6 +142,7 @@ const KUBELET_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 fn plugin_config(
     file: Option<&PathBuf>,
     named: Option<(&NamedConfigs, Option<&str>)>,
+    flags: &gpuops_resources::config::Overrides,
 ) -> Result<gpuops_resources::config::Config> {
     let parsed = match (file, named) {
         (_, Some((configs, label))) => {
@@ -94,9 +160,7 @@ fn plugin_config(
     };
     let env = gpuops_resources::config::Overrides::from_env(std::env::vars())?;
     Ok(gpuops_resources::config::Config::effective(
-        parsed,
-        &env,
-        &gpuops_resources::config::Overrides::default(),
+        parsed, &env, flags,
     )?)
 }
 
@@ -175,7 +239,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .as_ref()
         .map(|dir| crate::node_config::load_dir(dir))
         .transpose()?;
-    let config = plugin_config(args.config_file.as_ref(), named.as_ref().map(|n| (n, None)))?;
+    let flags = args.nvidia.overrides()?;
+    let config = plugin_config(
+        args.config_file.as_ref(),
+        named.as_ref().map(|n| (n, None)),
+        &flags,
+    )?;
     let published = publish(&first, &config, &HealthTracker::default())?;
     let policy = HealthPolicy::from_env(
         std::env::var("DP_DISABLE_HEALTHCHECKS").ok().as_deref(),
@@ -225,6 +294,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         config,
         config_file: args.config_file.clone(),
         named: named.map(|n| (n, node.clone())),
+        flags,
         policy,
     });
     runtime.block_on(agent_loop(
@@ -254,6 +324,7 @@ struct Plugins {
     config_file: Option<PathBuf>,
     /// Named configs and this node's name, to follow the node's config label.
     named: Option<(NamedConfigs, String)>,
+    flags: gpuops_resources::config::Overrides,
     policy: HealthPolicy,
 }
 
@@ -265,6 +336,8 @@ struct Feed {
     config_file: Option<(PathBuf, Option<std::time::SystemTime>)>,
     /// Named configs and the node label that picks one.
     named: Option<(NamedConfigs, tokio::sync::watch::Receiver<Option<String>>)>,
+    /// NVIDIA flags given on the command line: they win on every reload too.
+    flags: gpuops_resources::config::Overrides,
     policy: HealthPolicy,
     health: HealthTracker,
 }
@@ -277,7 +350,7 @@ impl Feed {
             && label.has_changed().unwrap_or(false)
         {
             let value = label.borrow_and_update().clone();
-            match plugin_config(None, Some((configs, value.as_deref()))) {
+            match plugin_config(None, Some((configs, value.as_deref())), &self.flags) {
                 Ok(config) => {
                     println!(
                         "{} node label {}={}: device plugin config switched",
@@ -301,7 +374,7 @@ impl Feed {
             return;
         }
         *seen = modified;
-        match plugin_config(Some(&*path), None) {
+        match plugin_config(Some(&*path), None, &self.flags) {
             Ok(config) => {
                 println!(
                     "{} device plugin config {} reloaded",
@@ -370,6 +443,7 @@ async fn agent_loop(
             config: p.config,
             config_file,
             named,
+            flags: p.flags,
             policy: p.policy,
             health: HealthTracker::default(),
         });
