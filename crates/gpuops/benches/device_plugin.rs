@@ -77,6 +77,8 @@ fn main() {
             state_s,
             "--interval",
             "10s",
+            "--metrics-address",
+            "127.0.0.1:0",
             "--config-file",
         ])
         .arg(&plugin_config)

@@ -3,6 +3,7 @@
 //! Installed as `kubectl-gpu` it also works as a kubectl plugin (`kubectl gpu ...`).
 
 mod cmd;
+mod exporter;
 mod gpu_source;
 mod mig_apply;
 mod node_config;
@@ -38,6 +39,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Agent(cmd::agent::Args),
+    Exporter(cmd::agent::ExporterArgs),
     Inventory(cmd::inventory::Args),
     Sim(cmd::sim::Args),
     Mig(cmd::mig::Args),
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Agent(args) => cmd::agent::run(args),
+        Command::Exporter(args) => cmd::agent::run_exporter(args),
         Command::Inventory(args) => cmd::inventory::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Mig(args) => cmd::mig::run(args),

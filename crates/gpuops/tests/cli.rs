@@ -361,7 +361,7 @@ fn a_changed_device_plugin_config_is_reloaded_and_a_bad_one_keeps_the_last_good(
     };
     write(2);
     let command = format!(
-        "exec {} agent --simulate l4x4 --interval 300ms --device-plugin-dir {} --config-file {} 2>&1",
+        "exec {} agent --simulate l4x4 --interval 300ms --metrics-address 127.0.0.1:0 --device-plugin-dir {} --config-file {} 2>&1",
         env!("CARGO_BIN_EXE_gpuops"),
         dir.path().join("dp").display(),
         config.display()

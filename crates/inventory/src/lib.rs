@@ -126,6 +126,10 @@ pub struct MigDevice {
     pub sm_count: u32,
     pub gi_slices: u32,
     pub ci_slices: u32,
+    /// This instance's framebuffer use as the driver reports it for the MIG handle; `None` when it
+    /// could not be read. Only the used and free figures vary between snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fb: Option<Memory>,
 }
 
 /// One active NVLink and what is at its other end.

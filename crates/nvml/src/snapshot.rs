@@ -328,6 +328,13 @@ impl Gpus {
             Some(p) => (p.name_for(total_mib), p.slice_count, p.memory_mib),
             None => (format!("unknown-profile-{}", gi_info.profileId), 0, 0),
         };
+        // Per-instance memory: a failure here only loses the FB figures of this instance.
+        let fb = m.memory_info().ok().map(|mem| Memory {
+            total_mib: mem.total / MIB,
+            used_mib: mem.used / MIB,
+            free_mib: mem.free / MIB,
+            reserved_mib: mem.reserved / MIB,
+        });
         let ci_name = if ci_profile.sliceCount < gi_slices {
             format!("{}c.{gi_name}", ci_profile.sliceCount)
         } else {
@@ -347,6 +354,7 @@ impl Gpus {
             sm_count: ci_profile.multiprocessorCount,
             gi_slices,
             ci_slices: ci_profile.sliceCount,
+            fb,
         })
     }
 

@@ -109,20 +109,27 @@ impl HealthTracker {
         self.hits.len() != before
     }
 
+    /// The XID keeping a GPU (`mig: None`) or a MIG device (`Some((gi, ci))`) unhealthy, if any.
+    pub fn xid_for(&self, gpu: u32, mig: Option<(u32, u32)>) -> Option<u64> {
+        self.hits.iter().find_map(|(t, (xid, _))| {
+            let hit = match (t, mig) {
+                (Target::Gpu(g), _) => *g == gpu,
+                (Target::Mig { gpu: g, gi, ci }, Some((m_gi, m_ci))) => {
+                    *g == gpu && *gi == m_gi && ci.is_none_or(|c| c == m_ci)
+                }
+                // A MIG-attributed XID does not touch a whole-GPU device of another strategy.
+                (Target::Mig { .. }, None) => false,
+            };
+            hit.then_some(*xid)
+        })
+    }
+
     /// Marks the devices of `resources` that recent XIDs hit as unhealthy.
     pub fn apply(&self, resources: &mut [Resource]) {
         for r in resources {
             for d in &mut r.devices {
-                let gpu = d.backing.gpu_index;
-                let hit = self.hits.keys().any(|t| match (t, &d.backing.mig) {
-                    (Target::Gpu(g), _) => *g == gpu,
-                    (Target::Mig { gpu: g, gi, ci }, Some(m)) => {
-                        *g == gpu && *gi == m.gi_id && ci.is_none_or(|c| c == m.ci_id)
-                    }
-                    // A MIG-attributed XID does not touch a whole-GPU device of another strategy.
-                    (Target::Mig { .. }, None) => false,
-                });
-                if hit {
+                let mig = d.backing.mig.as_ref().map(|m| (m.gi_id, m.ci_id));
+                if self.xid_for(d.backing.gpu_index, mig).is_some() {
                     d.health_ok = false;
                 }
             }

@@ -6,6 +6,7 @@ use crate::output;
 use crate::watch::changes;
 use anyhow::{Context, Result};
 use gpuops_inventory::Inventory;
+use gpuops_metrics::HostnameLabel;
 use gpuops_nvml::{GpuEvent, Gpus};
 use gpuops_resources::health::{HealthPolicy, HealthTracker};
 use std::net::SocketAddr;
@@ -34,15 +35,27 @@ pub struct Args {
     /// Name of this node (labels, metrics); defaults to the host name.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
-    /// How often to re-read the GPUs.
+    /// How often to re-read the GPUs and refresh the metrics (dcgm-exporter's collect interval; a
+    /// scrape always gets the last collection at once).
     #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
     interval: Duration,
     /// Read the GPUs once, print them and exit.
     #[arg(long)]
     once: bool,
-    /// Where the Prometheus metrics endpoint listens.
+    /// Where the Prometheus endpoint (/metrics, DCGM-compatible) listens; port 0 picks a free one.
     #[arg(long, env = "GPUOPS_METRICS_ADDRESS", default_value = "0.0.0.0:9400")]
     metrics_address: SocketAddr,
+    /// Do not serve metrics.
+    #[arg(long)]
+    no_metrics: bool,
+    /// How the node label on every metric is spelled: `Hostname` (dcgm-exporter before 4.6, what
+    /// most dashboards query) or `hostname` (dcgm-exporter 4.6 and later).
+    #[arg(long, env = "GPUOPS_HOSTNAME_LABEL", default_value = "Hostname", value_parser = parse_hostname_label)]
+    hostname_label: HostnameLabel,
+    /// The kubelet's PodResources socket, for the pod, namespace and container labels on metrics
+    /// [default: /var/lib/kubelet/pod-resources/kubelet.sock; with --simulate: none unless given].
+    #[arg(long, env = "GPUOPS_POD_RESOURCES_SOCKET", value_name = "FILE")]
+    pod_resources_socket: Option<PathBuf>,
     /// The kubelet's device plugin directory [default: /var/lib/kubelet/device-plugins; with
     /// --simulate, device-plugins/ in the simulator state, so a demo touches no system path].
     #[arg(long, env = "DEVICE_PLUGIN_PATH", value_name = "DIR")]
@@ -70,6 +83,63 @@ pub struct Args {
     health_quiet_period: Duration,
     #[command(flatten)]
     nvidia: NvidiaFlags,
+}
+
+/// Run only the DCGM-compatible Prometheus exporter: the agent without its device plugin.
+///
+/// Serves dcgm-exporter's default metrics (same names, types, help and labels) per GPU and MIG
+/// instance, pod labels from the kubelet's PodResources API, XID counters per code, device health
+/// and the exporter's own figures. Collection runs every --interval in the background; a scrape
+/// only serves the last collection.
+///
+/// Examples:
+///   gpuops exporter --simulate dgx-h100 --address 127.0.0.1:9400
+///   curl -s 127.0.0.1:9400/metrics | grep DCGM_FI_DEV_GPU_TEMP
+///   gpuops exporter --hostname-label hostname     label spelling of dcgm-exporter 4.6+
+#[derive(Debug, clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct ExporterArgs {
+    #[command(flatten)]
+    gpus: GpuArgs,
+    /// Name of this node (the Hostname label); defaults to the host name.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Where /metrics listens; port 0 picks a free one (printed at start).
+    #[arg(long, env = "GPUOPS_METRICS_ADDRESS", default_value = "0.0.0.0:9400")]
+    address: SocketAddr,
+    /// How often to collect (NVML and PodResources).
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    interval: Duration,
+    /// `Hostname` (dcgm-exporter before 4.6) or `hostname` (4.6 and later).
+    #[arg(long, env = "GPUOPS_HOSTNAME_LABEL", default_value = "Hostname", value_parser = parse_hostname_label)]
+    hostname_label: HostnameLabel,
+    /// The kubelet's PodResources socket [default: /var/lib/kubelet/pod-resources/kubelet.sock;
+    /// with --simulate: none unless given].
+    #[arg(long, env = "GPUOPS_POD_RESOURCES_SOCKET", value_name = "FILE")]
+    pod_resources_socket: Option<PathBuf>,
+    /// A device an XID made unhealthy counts as healthy again after this long without another.
+    #[arg(long, env = "GPUOPS_HEALTH_QUIET_PERIOD", default_value = "5m", value_parser = super::parse_duration)]
+    health_quiet_period: Duration,
+}
+
+/// `gpuops exporter`: the agent loop with metrics only.
+pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
+    run(Args {
+        gpus: a.gpus,
+        node_name: a.node_name,
+        interval: a.interval,
+        once: false,
+        metrics_address: a.address,
+        no_metrics: false,
+        hostname_label: a.hostname_label,
+        pod_resources_socket: a.pod_resources_socket,
+        device_plugin_dir: None,
+        config_file: None,
+        config_dir: None,
+        no_device_plugin: true,
+        health_quiet_period: a.health_quiet_period,
+        nvidia: NvidiaFlags::default(),
+    })
 }
 
 /// NVIDIA device plugin flags, same names and meaning; they win over the env vars of the same name
@@ -138,6 +208,14 @@ impl NvidiaFlags {
 /// Where the kubelet looks for device plugins.
 const KUBELET_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 
+fn parse_hostname_label(text: &str) -> Result<HostnameLabel, String> {
+    match text {
+        "Hostname" => Ok(HostnameLabel::Upper),
+        "hostname" => Ok(HostnameLabel::Lower),
+        _ => Err(format!("{text:?}: use Hostname or hostname")),
+    }
+}
+
 /// The effective device plugin config: file, then NVIDIA's env vars on top.
 fn plugin_config(
     file: Option<&PathBuf>,
@@ -204,7 +282,7 @@ fn node_name(given: Option<String>) -> String {
 }
 
 /// `HH:MM:SS` UTC, for event lines.
-fn clock() -> String {
+pub(crate) fn clock() -> String {
     let secs = gpu_source::now_ms() / 1000;
     format!(
         "{:02}:{:02}:{:02}",
@@ -223,10 +301,38 @@ pub fn run(args: Args) -> Result<ExitCode> {
     println!("GPUs from {}\n", opened.describe());
     print!("{}", output::inventory_tables(&first));
     println!("\nEndpoints:");
-    println!(
-        "  metrics        http://{}/metrics (DCGM-compatible exporter: not served yet)",
-        args.metrics_address
-    );
+    let metrics_listener = if args.no_metrics || args.once {
+        println!(
+            "  metrics        not served ({})",
+            if args.once { "--once" } else { "--no-metrics" }
+        );
+        None
+    } else {
+        let listener = crate::exporter::bind(args.metrics_address)?;
+        let address = listener.local_addr().unwrap_or(args.metrics_address);
+        println!(
+            "  metrics        http://{address}/metrics (DCGM-compatible, every {:?})",
+            args.interval
+        );
+        Some(listener)
+    };
+    let pod_socket = args.pod_resources_socket.clone().or_else(|| {
+        opened
+            .simulation
+            .is_none()
+            .then(|| PathBuf::from(gpuops_kubelet_api::POD_RESOURCES_SOCKET))
+    });
+    if metrics_listener.is_some() {
+        match &pod_socket {
+            Some(p) => println!(
+                "  pod labels     from kubelet PodResources at {}",
+                p.display()
+            ),
+            None => println!(
+                "  pod labels     none (simulated node; --pod-resources-socket to map pods)"
+            ),
+        }
+    }
     let plugin_dir = args
         .device_plugin_dir
         .clone()
@@ -253,7 +359,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     )
     .map_err(anyhow::Error::msg)?;
     if args.no_device_plugin {
-        println!("  device plugin  disabled (--no-device-plugin)");
+        println!("  device plugin  not served");
     }
     for r in published
         .resources
@@ -295,13 +401,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
         config_file: args.config_file.clone(),
         named: named.map(|n| (n, node.clone())),
         flags,
-        policy,
+    });
+    let metrics = metrics_listener.map(|listener| {
+        let (exporter, served) =
+            crate::exporter::Exporter::new(&node, args.hostname_label, pod_socket);
+        Metrics {
+            exporter,
+            served,
+            listener,
+        }
     });
     runtime.block_on(agent_loop(
         Arc::new(opened.gpus),
         first,
         args.interval,
+        policy,
         plugins,
+        metrics,
     ))?;
     // Keep the temporary simulator state until the loop ended.
     drop(opened.simulation);
@@ -325,7 +441,13 @@ struct Plugins {
     /// Named configs and this node's name, to follow the node's config label.
     named: Option<(NamedConfigs, String)>,
     flags: gpuops_resources::config::Overrides,
-    policy: HealthPolicy,
+}
+
+/// The metrics exporter and its bound socket.
+struct Metrics {
+    exporter: crate::exporter::Exporter,
+    served: Arc<crate::exporter::Served>,
+    listener: std::net::TcpListener,
 }
 
 /// The plugins' feed: republished on every snapshot and at once on every counted XID.
@@ -338,8 +460,6 @@ struct Feed {
     named: Option<(NamedConfigs, tokio::sync::watch::Receiver<Option<String>>)>,
     /// NVIDIA flags given on the command line: they win on every reload too.
     flags: gpuops_resources::config::Overrides,
-    policy: HealthPolicy,
-    health: HealthTracker,
 }
 
 impl Feed {
@@ -390,8 +510,8 @@ impl Feed {
         }
     }
 
-    fn republish(&self, inv: &Inventory) {
-        match publish(inv, &self.config, &self.health) {
+    fn republish(&self, inv: &Inventory, health: &HealthTracker) {
+        match publish(inv, &self.config, health) {
             Ok(p) if p.resources != self.tx.borrow().resources => {
                 println!(
                     "{} device plugin resources: {}",
@@ -413,7 +533,9 @@ async fn agent_loop(
     gpus: Arc<Gpus>,
     first: Inventory,
     interval: Duration,
+    policy: HealthPolicy,
     plugins: Option<Plugins>,
+    metrics: Option<Metrics>,
 ) -> Result<()> {
     let (stop_plugins, plugins_stopped) = tokio::sync::watch::channel(false);
     let mut feed = None;
@@ -444,9 +566,21 @@ async fn agent_loop(
             config_file,
             named,
             flags: p.flags,
-            policy: p.policy,
-            health: HealthTracker::default(),
         });
+    }
+    let mut health = HealthTracker::default();
+    let mut exporter = None;
+    let mut metrics_task = None;
+    if let Some(m) = metrics {
+        let mut e = m.exporter;
+        e.refresh_pods().await;
+        e.publish(&first, &health, Some(std::time::Instant::now()));
+        metrics_task = Some(tokio::spawn(crate::exporter::serve(
+            m.listener,
+            m.served,
+            stop_plugins.subscribe(),
+        )));
+        exporter = Some(e);
     }
     let healthy = Arc::new(Mutex::new(healthy_indices(&first)));
     let stop = Arc::new(AtomicBool::new(false));
@@ -473,6 +607,7 @@ async fn agent_loop(
         tokio::select! {
             _ = &mut shutdown => break,
             _ = ticker.tick() => {
+                let started = std::time::Instant::now();
                 let g = Arc::clone(&gpus);
                 match tokio::task::spawn_blocking(move || g.snapshot()).await {
                     Ok(Ok(next)) => {
@@ -482,26 +617,40 @@ async fn agent_loop(
                         if let Ok(mut h) = healthy.lock() {
                             *h = healthy_indices(&next);
                         }
+                        if health.expire(&policy, gpu_source::now_ms()) {
+                            println!("{} no XID for the quiet period: devices healthy again where the driver agrees", clock());
+                        }
                         if let Some(f) = feed.as_mut() {
                             f.reload_config();
-                            if f.health.expire(&f.policy, gpu_source::now_ms()) {
-                                println!("{} no XID for the quiet period: devices healthy again where the driver agrees", clock());
-                            }
-                            f.republish(&next);
+                            f.republish(&next, &health);
+                        }
+                        if let Some(e) = exporter.as_mut() {
+                            e.refresh_pods().await;
+                            e.publish(&next, &health, Some(started));
                         }
                         previous = next;
                     }
-                    Ok(Err(e)) => eprintln!("{} reading the GPUs failed: {e}; keeping the last snapshot", clock()),
+                    Ok(Err(e)) => {
+                        if let Some(x) = exporter.as_mut() {
+                            x.nvml_error();
+                        }
+                        eprintln!("{} reading the GPUs failed: {e}; keeping the last snapshot", clock())
+                    }
                     Err(e) => eprintln!("{} snapshot task failed: {e}", clock()),
                 }
             }
             Some(report) = rx.recv() => match report {
                 Report::Event(event) => {
                     println!("{} {}", clock(), describe_event(&event, &previous));
-                    if let (Some(f), &GpuEvent::Xid { gpu, xid, gi_id, ci_id }) = (feed.as_mut(), &event)
-                        && f.health.record(&f.policy, gpu, gi_id, ci_id, xid, gpu_source::now_ms())
-                    {
-                        f.republish(&previous);
+                    if let &GpuEvent::Xid { gpu, xid, gi_id, ci_id } = &event {
+                        let counted = health.record(&policy, gpu, gi_id, ci_id, xid, gpu_source::now_ms());
+                        if let (true, Some(f)) = (counted, feed.as_ref()) {
+                            f.republish(&previous, &health);
+                        }
+                        if let Some(e) = exporter.as_mut() {
+                            e.record_xid(gpu, gi_id, xid);
+                            e.publish(&previous, &health, None);
+                        }
                     }
                 }
                 Report::Watching(gpus) => println!(
@@ -517,6 +666,13 @@ async fn agent_loop(
     println!("{} stopping", clock());
     stop.store(true, Ordering::Relaxed);
     let _ = stop_plugins.send(true);
+    if let Some(task) = metrics_task {
+        match task.await {
+            Ok(Err(e)) => eprintln!("{} metrics: {e:#}", clock()),
+            Err(e) => eprintln!("{} metrics task: {e}", clock()),
+            Ok(Ok(())) => {}
+        }
+    }
     if let Some(task) = plugin_task {
         match task.await {
             Ok(Err(e)) => eprintln!("{} device plugin: {e}", clock()),

@@ -18,6 +18,9 @@ pub fn gpuops() -> Command {
     ] {
         c.env_remove(var);
     }
+    // Tests run side by side: each agent takes a free loopback port, never the shared 9400.
+    c.env("GPUOPS_METRICS_ADDRESS", "127.0.0.1:0");
+    c.env_remove("GPUOPS_POD_RESOURCES_SOCKET");
     c
 }
 

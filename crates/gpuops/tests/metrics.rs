@@ -1,0 +1,589 @@
+//! The metrics exporter on nvml-sim: the exposition dcgm-exporter users expect, what changes in
+//! the simulated driver do to it, a real Prometheus scraping it, and its failure modes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `gpuops exporter` (or `agent`) writing its output to a log file; killed on drop.
+struct Served {
+    child: Child,
+    log: PathBuf,
+    address: String,
+}
+
+impl Served {
+    fn start(dir: &Path, args: &[&str]) -> Served {
+        let log = dir.join(format!("exporter-{}.log", args.join("-").len()));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = common::gpuops()
+            .args(args)
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap();
+        let mut served = Served {
+            child,
+            log,
+            address: String::new(),
+        };
+        served.address = served
+            .wait_for_line("metrics        http://")
+            .split("http://")
+            .nth(1)
+            .and_then(|s| s.split('/').next())
+            .unwrap()
+            .to_string();
+        served
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_for_line(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
+                return line.to_string();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("exited with {status} before {needle:?}:\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn get(&self, path: &str) -> (String, String) {
+        http_get(&self.address, path)
+    }
+
+    fn metrics(&self) -> String {
+        let (head, body) = self.get("/metrics");
+        assert!(
+            head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+            "{head}"
+        );
+        body
+    }
+
+    /// Scrapes until `check` holds (the next collections bring changes).
+    fn metrics_until(&self, what: &str, check: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let body = self.metrics();
+            if check(&body) {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} never showed up; last scrape:\n{body}\nlog:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(address: &str, path: &str) -> (String, String) {
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
+}
+
+/// The sample lines of one metric.
+fn series<'a>(body: &'a str, metric: &str) -> Vec<&'a str> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} ")))
+        .collect()
+}
+
+fn value(line: &str) -> f64 {
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+fn sim(state: &Path, args: &[&str]) {
+    let mut all = vec![args[0], "--state", state.to_str().unwrap()];
+    all.extend(&args[1..]);
+    let mut full = vec!["sim"];
+    full.extend(all);
+    let o = common::run(&full);
+    assert!(o.status.success(), "{}", common::text(&o));
+}
+
+fn exporter(state: &Path, fleet: &str, extra: &[&str]) -> Served {
+    let mut args = vec![
+        "exporter",
+        "--simulate",
+        fleet,
+        "--sim-state",
+        state.to_str().unwrap(),
+        "--interval",
+        "300ms",
+        "--node-name",
+        "gpu-node-7",
+    ];
+    args.extend(extra);
+    Served::start(state.parent().unwrap(), &args)
+}
+
+/// What `promtool check metrics` says about an exposition, minus the lint findings every
+/// dcgm-exporter-compatible exposition has by design (DCGM's camelCase labels, counter names
+/// without `_total`).
+fn promtool_findings(body: &str) -> Vec<String> {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool not found: scripts/test installs Debian's prometheus package (apt-get install prometheus)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() || out.status.code() == Some(3),
+        "promtool could not parse the exposition:\n{text}"
+    );
+    text.lines()
+        .filter(|l| {
+            let dcgm = l.starts_with("DCGM_FI_");
+            let inherited = l
+                .ends_with("label names should be written in 'snake_case' not 'camelCase'")
+                || (dcgm && l.ends_with("counter metrics should have \"_total\" suffix"))
+                || (dcgm && l.ends_with("metric name should not include type 'counter'"));
+            !inherited && !l.trim().is_empty()
+        })
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn the_exporter_serves_dcgm_metrics_with_dcgm_labels_that_promtool_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let served = exporter(&state, "dgx-h100", &[]);
+    let body = served.metrics();
+    let temps = series(&body, "DCGM_FI_DEV_GPU_TEMP");
+    assert_eq!(temps.len(), 8, "{body}");
+    let labels = temps[0]
+        .split('{')
+        .nth(1)
+        .unwrap()
+        .split('}')
+        .next()
+        .unwrap();
+    let names: Vec<&str> = labels
+        .split(',')
+        .map(|kv| kv.split('=').next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "gpu",
+            "UUID",
+            "pci_bus_id",
+            "device",
+            "modelName",
+            "Hostname",
+            "DCGM_FI_DRIVER_VERSION"
+        ],
+        "dcgm-exporter's label order: {}",
+        temps[0]
+    );
+    assert!(
+        temps[0].contains("modelName=\"NVIDIA H100 80GB HBM3\"")
+            && temps[0].contains("Hostname=\"gpu-node-7\"")
+    );
+    for metric in [
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "gpuops_device_healthy",
+        "gpuops_device_allocated",
+    ] {
+        assert_eq!(series(&body, metric).len(), 8, "{metric}:\n{body}");
+    }
+    assert!(body.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"));
+    assert!(body.contains("# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n"));
+    let total: f64 = ["FREE", "USED", "RESERVED"]
+        .iter()
+        .map(|k| value(series(&body, &format!("DCGM_FI_DEV_FB_{k}"))[0]))
+        .sum();
+    assert_eq!(
+        total, 81559.0,
+        "free + used + reserved = total MiB of an H100"
+    );
+    assert_eq!(value(series(&body, "gpuops_node_gpus")[0]), 8.0);
+    let findings = promtool_findings(&body);
+    assert!(
+        findings.is_empty(),
+        "promtool check metrics:\n{}",
+        findings.join("\n")
+    );
+
+    let (head, _) = served.get("/metrics");
+    assert!(
+        head.to_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let scrapes = value(series(&served.metrics(), "gpuops_scrapes_total")[0]);
+    assert!(scrapes >= 3.0, "every scrape counts: {scrapes}");
+    let (head, _) = served.get("/nope");
+    assert!(head.contains(" 404"), "{head}");
+    let (head, body) = served.get("/healthz");
+    assert!(head.contains(" 200") && body == "ok\n", "{head}");
+}
+
+#[test]
+fn promtool_findings_catch_a_broken_exposition() {
+    // The check above can fail: a bad sample or an own metric breaking conventions is reported.
+    let bad = "# TYPE gpuops_things counter\ngpuops_things{a=\"1\"} 3\n";
+    assert!(!promtool_findings(bad).is_empty());
+    let parse = std::panic::catch_unwind(|| promtool_findings("x{a=\"1\"} notanumber\n"));
+    assert!(parse.is_err(), "an unparsable exposition fails the check");
+}
+
+#[test]
+fn load_xids_and_a_lost_gpu_show_up_in_the_next_collection() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let served = exporter(&state, "dgx-h100", &[]);
+    let gpu3 = |body: &str, metric: &str| -> Vec<String> {
+        series(body, metric)
+            .into_iter()
+            .filter(|l| l.contains("gpu=\"3\""))
+            .map(String::from)
+            .collect()
+    };
+    sim(
+        &state,
+        &[
+            "load",
+            "--gpu",
+            "3",
+            "--util",
+            "87",
+            "--memory-used",
+            "40000",
+        ],
+    );
+    let body = served.metrics_until("GPU 3 at 87%", |b| {
+        gpu3(b, "DCGM_FI_DEV_GPU_UTIL")
+            .first()
+            .is_some_and(|l| value(l) == 87.0)
+    });
+    assert!(value(&gpu3(&body, "DCGM_FI_DEV_FB_USED")[0]) >= 40000.0);
+
+    sim(&state, &["xid", "--gpu", "3", "--xid", "79"]);
+    sim(&state, &["xid", "--gpu", "3", "--xid", "13"]);
+    sim(&state, &["xid", "--gpu", "3", "--xid", "13"]);
+    let body = served.metrics_until("XID counters", |b| {
+        gpu3(b, "gpuops_xid_errors_total")
+            .iter()
+            .any(|l| l.contains("err_code=\"13\"") && value(l) == 2.0)
+    });
+    let counters = gpu3(&body, "gpuops_xid_errors_total");
+    assert!(
+        counters.iter().any(|l| l
+            .contains("err_code=\"79\",err_msg=\"GPU has fallen off the bus\"")
+            && value(l) == 1.0),
+        "{counters:#?}"
+    );
+    let gauge = &gpu3(&body, "DCGM_FI_DEV_XID_ERRORS")[0];
+    assert_eq!(
+        value(gauge),
+        13.0,
+        "the sticky gauge shows the last XID: {gauge}"
+    );
+    assert_eq!(
+        value(&gpu3(&body, "gpuops_device_healthy")[0]),
+        0.0,
+        "XID 79 is fatal"
+    );
+    assert_eq!(value(series(&body, "gpuops_node_gpus_healthy")[0]), 7.0);
+
+    sim(&state, &["lost", "--gpu", "5"]);
+    let body = served.metrics_until("GPU 5 lost", |b| {
+        series(b, "DCGM_FI_DEV_GPU_TEMP").len() == 7
+    });
+    assert_eq!(
+        value(series(&body, "gpuops_node_gpus")[0]),
+        8.0,
+        "capacity remembers the lost GPU"
+    );
+    assert_eq!(value(series(&body, "gpuops_node_gpus_healthy")[0]), 6.0);
+    let healthy5: Vec<&str> = series(&body, "gpuops_device_healthy")
+        .into_iter()
+        .filter(|l| l.contains("gpu=\"5\""))
+        .collect();
+    assert!(
+        healthy5.len() == 1 && value(healthy5[0]) == 0.0,
+        "{healthy5:?}"
+    );
+}
+
+#[test]
+fn mig_instances_get_their_own_series_with_profile_and_instance_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    sim(&state, &["init", "--fleet", "dgx-h100"]);
+    let config = dir.path().join("mig.yaml");
+    std::fs::write(
+        &config,
+        "version: v1\nmig-configs:\n  half:\n  - devices: [0, 1]\n    mig-enabled: true\n    mig-devices:\n      1g.10gb: 7\n  - devices: [2, 3, 4, 5, 6, 7]\n    mig-enabled: false\n",
+    )
+    .unwrap();
+    let o = common::run(&[
+        "mig",
+        "apply",
+        "-f",
+        config.to_str().unwrap(),
+        "-c",
+        "half",
+        "--sim-state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let mut args = vec![
+        "exporter",
+        "--sim-state",
+        state.to_str().unwrap(),
+        "--interval",
+        "300ms",
+    ];
+    args.extend(["--hostname-label", "hostname"]);
+    let served = Served::start(dir.path(), &args);
+    let body = served.metrics();
+    let instances: Vec<&str> = series(&body, "DCGM_FI_DEV_FB_FREE")
+        .into_iter()
+        .filter(|l| l.contains("GPU_I_PROFILE=\"1g.10gb\""))
+        .collect();
+    assert_eq!(instances.len(), 14, "{body}");
+    assert!(
+        instances[0]
+            .contains(",modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\""),
+        "MIG labels sit between modelName and the host label: {}",
+        instances[0]
+    );
+    assert!(
+        instances[0].contains(",hostname=\""),
+        "--hostname-label hostname: {}",
+        instances[0]
+    );
+    assert!(!body.contains("Hostname="));
+    let util_gpus = series(&body, "DCGM_FI_DEV_GPU_UTIL");
+    assert!(
+        util_gpus.iter().all(|l| !l.contains("GPU_I_ID")),
+        "no utilization per MIG instance"
+    );
+    assert_eq!(series(&body, "gpuops_device_healthy").len(), 8 + 14);
+    let findings = promtool_findings(&body);
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+}
+
+#[test]
+fn a_taken_port_fails_the_start_with_a_clear_message() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let o = common::run(&[
+        "exporter",
+        "--simulate",
+        "l4x4",
+        "--sim-state",
+        dir.path().join("s").to_str().unwrap(),
+        "--address",
+        &address,
+    ]);
+    assert!(!o.status.success());
+    let text = common::text(&o);
+    assert!(
+        text.contains(&format!("cannot listen for metrics on {address}")),
+        "{text}"
+    );
+    let o = common::run(&["exporter", "--simulate", "l4x4", "--hostname-label", "HOST"]);
+    assert!(
+        !o.status.success() && common::text(&o).contains("use Hostname or hostname"),
+        "{}",
+        common::text(&o)
+    );
+}
+
+#[test]
+fn a_missing_kubelet_socket_is_reported_once_and_metrics_keep_flowing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let socket = dir.path().join("no-kubelet/kubelet.sock");
+    let mut served = exporter(
+        &state,
+        "l4x4",
+        &["--pod-resources-socket", socket.to_str().unwrap()],
+    );
+    served.wait_for_line("pod attribution: kubelet PodResources at");
+    let body = served.metrics_until("several collections", |b| {
+        series(b, "gpuops_collections_total")
+            .first()
+            .is_some_and(|l| value(l) >= 4.0)
+    });
+    assert_eq!(series(&body, "DCGM_FI_DEV_GPU_TEMP").len(), 4);
+    let errors: Vec<&str> = series(&body, "gpuops_collection_errors_total")
+        .into_iter()
+        .filter(|l| l.contains("source=\"podresources\""))
+        .collect();
+    assert!(value(errors[0]) >= 3.0, "{errors:?}");
+    let log = served.log();
+    assert_eq!(
+        log.matches("pod attribution: kubelet PodResources").count(),
+        1,
+        "logged once:\n{log}"
+    );
+    assert!(log.contains(socket.to_str().unwrap()), "{log}");
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_exporter_and_sees_the_series_and_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let served = exporter(&state, "hgx-h200", &[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n- job_name: gpuops\n  static_configs:\n  - targets: ['{}']\n",
+            served.address
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+    let mut prometheus = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("prometheus not found: scripts/test installs Debian's prometheus package");
+    struct Kill<'a>(&'a mut Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _guard = Kill(&mut prometheus);
+    let prom = format!("127.0.0.1:{port}");
+    let query = |q: &str| -> serde_json::Value {
+        let encoded: String = q
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        match std::net::TcpStream::connect(&prom) {
+            Ok(_) => {
+                let (_, body) = http_get(&prom, &format!("/api/v1/query?query={encoded}"));
+                serde_json::from_str(&body).unwrap_or(serde_json::Value::Null)
+            }
+            Err(_) => serde_json::Value::Null,
+        }
+    };
+    let results = |q: &str| {
+        query(q)["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while results("DCGM_FI_DEV_GPU_TEMP").len() < 8 {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never got 8 GPU temperatures; its log:\n{}",
+            std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let up = results("up{job=\"gpuops\"}");
+    assert_eq!(up[0]["value"][1], "1", "{up:?}");
+    let temp = &results("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"}")[0]["metric"];
+    assert_eq!(temp["modelName"], "NVIDIA H200");
+    assert_eq!(temp["Hostname"], "gpu-node-7");
+    assert!(temp["UUID"].as_str().unwrap().starts_with("GPU-"));
+    assert_eq!(temp["device"], "nvidia0");
+    assert!(
+        temp["DCGM_FI_DRIVER_VERSION"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty())
+    );
+    // The alert rule's expression over the counter sees an injected XID.
+    sim(&state, &["xid", "--gpu", "2", "--xid", "48"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = results("gpuops_xid_errors_total{err_code=\"48\"}");
+        if r.len() == 1 {
+            assert_eq!(r[0]["metric"]["gpu"], "2");
+            assert_eq!(r[0]["metric"]["err_msg"], "double-bit ECC error");
+            break;
+        }
+        assert!(Instant::now() < deadline, "XID 48 never reached Prometheus");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let fb = results("sum(DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE + DCGM_FI_DEV_FB_RESERVED)");
+    let total: f64 = fb[0]["value"][1].as_str().unwrap().parse().unwrap();
+    assert_eq!(total, 8.0 * 143771.0, "8x H200 total MiB");
+}
