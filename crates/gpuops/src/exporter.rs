@@ -39,6 +39,8 @@ pub struct Exporter {
     assignments: Vec<Assignment>,
     /// The last PodResources error, so a lasting problem is logged once.
     pod_error: Option<String>,
+    /// The connection to the kubelet, kept between collections; dropped on an error.
+    pod_client: Option<PodClient>,
     xids: XidCounters,
     capacity: u32,
     stats: AgentStats,
@@ -64,6 +66,7 @@ impl Exporter {
             pod_socket,
             assignments: Vec::new(),
             pod_error: None,
+            pod_client: None,
             xids: XidCounters::default(),
             capacity: 0,
             stats: AgentStats::default(),
@@ -85,15 +88,18 @@ impl Exporter {
         let Some(socket) = self.pod_socket.clone() else {
             return;
         };
-        let result = tokio::time::timeout(POD_RESOURCES_TIMEOUT, list_pod_resources(&socket))
-            .await
-            .unwrap_or_else(|_| {
-                Err(anyhow::anyhow!(
-                    "no answer within {POD_RESOURCES_TIMEOUT:?}"
-                ))
-            });
+        let client = self.pod_client.take();
+        let result =
+            tokio::time::timeout(POD_RESOURCES_TIMEOUT, list_pod_resources(&socket, client))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(anyhow::anyhow!(
+                        "no answer within {POD_RESOURCES_TIMEOUT:?}"
+                    ))
+                });
         match result {
-            Ok(a) => {
+            Ok((a, client)) => {
+                self.pod_client = Some(client);
                 if self.pod_error.take().is_some() {
                     println!(
                         "{} pod attribution: kubelet PodResources at {} answers again",
@@ -149,12 +155,23 @@ impl Exporter {
     }
 }
 
-/// PodResources `List()` as assignments.
-async fn list_pod_resources(socket: &std::path::Path) -> Result<Vec<Assignment>> {
-    let channel = gpuops_kubelet_api::unix::connect(socket)
-        .await
-        .context("cannot connect")?;
-    let response = PodResourcesListerClient::new(channel)
+type PodClient = PodResourcesListerClient<tonic::transport::Channel>;
+
+/// PodResources `List()` as assignments, on `client` or a new connection; returns the client for
+/// the next collection.
+async fn list_pod_resources(
+    socket: &std::path::Path,
+    client: Option<PodClient>,
+) -> Result<(Vec<Assignment>, PodClient)> {
+    let mut client = match client {
+        Some(c) => c,
+        None => PodResourcesListerClient::new(
+            gpuops_kubelet_api::unix::connect(socket)
+                .await
+                .context("cannot connect")?,
+        ),
+    };
+    let response = client
         .list(ListPodResourcesRequest {})
         .await
         .map_err(|s| anyhow::anyhow!("List failed: {}", s.message()))?
@@ -173,7 +190,7 @@ async fn list_pod_resources(socket: &std::path::Path) -> Result<Vec<Assignment>>
             }
         }
     }
-    Ok(out)
+    Ok((out, client))
 }
 
 /// Resident memory (bytes) and CPU time (seconds) of this process, from /proc.

@@ -29,6 +29,10 @@ pub enum Scope {
     /// What MIG partitioning needs: identity, memory, MIG devices, processes (no NVLinks,
     /// topology or telemetry, which cost most of the driver calls).
     Mig,
+    /// Everything that changes while the node runs: [`Scope::Full`] without NVLinks and
+    /// topology (a third of the driver calls on an NVSwitch node), for periodic re-reads that
+    /// keep those from the first snapshot.
+    Live,
 }
 
 /// Collects optional figures: unsupported is `None`, a lost GPU aborts the GPU, anything else is a
@@ -164,6 +168,7 @@ impl Gpus {
         warnings: &mut Vec<String>,
     ) -> Result<Gpu, NvmlError> {
         let full = scope == Scope::Full;
+        let live = scope != Scope::Mig;
         let gpu = Some(index);
         let d = self
             .nvml
@@ -258,7 +263,7 @@ impl Gpus {
                     ci_id: p.compute_instance_id,
                 })
                 .collect(),
-            telemetry: if full {
+            telemetry: if live {
                 telemetry(&d, &mut r)?
             } else {
                 Telemetry::default()

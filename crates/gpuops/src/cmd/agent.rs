@@ -7,7 +7,7 @@ use crate::watch::changes;
 use anyhow::{Context, Result};
 use gpuops_inventory::Inventory;
 use gpuops_metrics::HostnameLabel;
-use gpuops_nvml::{GpuEvent, Gpus};
+use gpuops_nvml::{GpuEvent, Gpus, Scope};
 use gpuops_resources::health::{HealthPolicy, HealthTracker};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -609,8 +609,9 @@ async fn agent_loop(
             _ = ticker.tick() => {
                 let started = std::time::Instant::now();
                 let g = Arc::clone(&gpus);
-                match tokio::task::spawn_blocking(move || g.snapshot()).await {
-                    Ok(Ok(next)) => {
+                match tokio::task::spawn_blocking(move || g.snapshot_with(Scope::Live)).await {
+                    Ok(Ok(mut next)) => {
+                        keep_static_facts(&mut next, &previous);
                         for change in changes(&previous, &next) {
                             println!("{} {change}", clock());
                         }
@@ -695,6 +696,17 @@ fn describe_resources(p: &gpuops_deviceplugin::Published) -> String {
         "none".into()
     } else {
         parts.join(", ")
+    }
+}
+
+/// NVLinks and the PCIe/NVLink topology do not change while the node runs: a [`Scope::Live`]
+/// re-read takes them from the previous snapshot.
+fn keep_static_facts(next: &mut Inventory, previous: &Inventory) {
+    next.topology.clone_from(&previous.topology);
+    for gpu in &mut next.gpus {
+        if let Some(before) = previous.gpus.iter().find(|p| p.uuid == gpu.uuid) {
+            gpu.nvlinks.clone_from(&before.nvlinks);
+        }
     }
 }
 
@@ -864,6 +876,39 @@ mod tests {
             text.contains("MIG gi 7 ci 0") && text.contains("GPU stays healthy"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn live_rereads_keep_nvlinks_and_topology_of_the_same_gpus() {
+        let mut before = gpu(0);
+        before.nvlinks = vec![gpuops_inventory::NvLink {
+            link: 0,
+            remote_pci_bus_id: "00000000:05:00.0".into(),
+            remote_is_switch: true,
+        }];
+        let previous = Inventory {
+            gpus: vec![before.clone(), gpu(1)],
+            topology: vec![gpuops_inventory::GpuLink {
+                a: 0,
+                b: 1,
+                nvlinks: 18,
+                pcie: gpuops_inventory::PcieLevel::CrossCpu,
+            }],
+            ..Inventory::default()
+        };
+        let mut replaced = gpu(1);
+        replaced.uuid = "GPU-new".into();
+        let mut next = Inventory {
+            gpus: vec![gpu(0), replaced],
+            ..Inventory::default()
+        };
+        keep_static_facts(&mut next, &previous);
+        assert_eq!(next.gpus[0].nvlinks, before.nvlinks);
+        assert!(
+            next.gpus[1].nvlinks.is_empty(),
+            "another GPU: nothing carried over"
+        );
+        assert_eq!(next.topology, previous.topology);
     }
 
     #[test]
