@@ -155,11 +155,11 @@ impl Exporter {
     }
 }
 
-type PodClient = PodResourcesListerClient<tonic::transport::Channel>;
+pub(crate) type PodClient = PodResourcesListerClient<tonic::transport::Channel>;
 
 /// PodResources `List()` as assignments, on `client` or a new connection; returns the client for
 /// the next collection.
-async fn list_pod_resources(
+pub(crate) async fn list_pod_resources(
     socket: &std::path::Path,
     client: Option<PodClient>,
 ) -> Result<(Vec<Assignment>, PodClient)> {

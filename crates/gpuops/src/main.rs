@@ -6,7 +6,9 @@ mod cmd;
 mod exporter;
 mod gpu_source;
 mod mig_apply;
+mod mig_flow;
 mod node_config;
+mod node_sync;
 mod output;
 mod watch;
 
@@ -45,6 +47,11 @@ enum Command {
     Mig(cmd::mig::Args),
     Catalog(cmd::catalog::Args),
     Cdi(cmd::cdi::Args),
+    Simulate(cmd::simulate::Args),
+    SchedulerExtender(cmd::extender::Args),
+    Doctor(cmd::doctor::Args),
+    Top(cmd::top::Args),
+    Manifests(cmd::manifests::Args),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +74,11 @@ fn main() -> ExitCode {
         Command::Mig(args) => cmd::mig::run(args),
         Command::Catalog(args) => cmd::catalog::run(args),
         Command::Cdi(args) => cmd::cdi::run(args),
+        Command::Simulate(args) => cmd::simulate::run(args),
+        Command::SchedulerExtender(args) => cmd::extender::run(args),
+        Command::Doctor(args) => cmd::doctor::run(args),
+        Command::Top(args) => cmd::top::run(args),
+        Command::Manifests(args) => cmd::manifests::run(args),
     };
     match result {
         Ok(code) => code,

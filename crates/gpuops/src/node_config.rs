@@ -42,11 +42,14 @@ pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Config>> {
     Ok(configs)
 }
 
-/// Follows the node's label and publishes each value (`None` when the label is absent). Runs until
-/// the receiver is gone; connection problems are retried by the watcher.
-pub async fn watch_label(node: String, tx: watch::Sender<Option<String>>) -> Result<()> {
+/// Follows the labels of `node` (KUBECONFIG or in-cluster) into `tx`: `None` until the node was
+/// read once. Watch errors are retried with backoff; stops when every receiver is gone.
+pub async fn watch_labels(
+    node: String,
+    tx: watch::Sender<Option<BTreeMap<String, String>>>,
+) -> Result<()> {
     let client = kube::Client::try_default().await.context(
-        "connecting to Kubernetes (KUBECONFIG or in-cluster) to watch the node's config label",
+        "connecting to Kubernetes (KUBECONFIG or in-cluster) to watch the node's labels",
     )?;
     let api: Api<Node> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
@@ -57,10 +60,10 @@ pub async fn watch_label(node: String, tx: watch::Sender<Option<String>>) -> Res
     while let Some(event) = nodes.next().await {
         match event {
             Ok(n) => {
-                let value = n.labels().get(LABEL).cloned();
+                let labels = n.labels().clone();
                 tx.send_if_modified(|current| {
-                    let changed = *current != value;
-                    *current = value.clone();
+                    let changed = current.as_ref() != Some(&labels);
+                    *current = Some(labels.clone());
                     changed
                 });
             }

@@ -100,7 +100,13 @@ fn agent_once_prints_inventory_and_planned_endpoints() {
     );
     assert!(text.contains("simulated driver"), "{text}");
     assert!(text.contains("NVIDIA H100 80GB HBM3"), "{text}");
-    assert!(text.contains("http://0.0.0.0:9400/metrics"), "{text}");
+    // The tests' environment moves the metrics to a free loopback port.
+    assert!(
+        text.contains(
+            "metrics        http://127.0.0.1:0/metrics (DCGM-compatible; not served with --once)"
+        ),
+        "{text}"
+    );
     assert!(
         text.contains("nvidia-gpu.sock for nvidia.com/gpu"),
         "{text}"

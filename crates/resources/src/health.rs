@@ -109,6 +109,17 @@ impl HealthTracker {
         self.hits.len() != before
     }
 
+    /// Every recent counted XID: (GPU index, GPU instance, compute instance, XID).
+    pub fn hits(&self) -> Vec<(u32, Option<u32>, Option<u32>, u64)> {
+        self.hits
+            .iter()
+            .map(|(t, (xid, _))| match t {
+                Target::Gpu(g) => (*g, None, None, *xid),
+                Target::Mig { gpu, gi, ci } => (*gpu, Some(*gi), *ci, *xid),
+            })
+            .collect()
+    }
+
     /// The XID keeping a GPU (`mig: None`) or a MIG device (`Some((gi, ci))`) unhealthy, if any.
     pub fn xid_for(&self, gpu: u32, mig: Option<(u32, u32)>) -> Option<u64> {
         self.hits.iter().find_map(|(t, (xid, _))| {

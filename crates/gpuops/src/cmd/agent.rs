@@ -82,7 +82,48 @@ pub struct Args {
     #[arg(long, env = "GPUOPS_HEALTH_QUIET_PERIOD", default_value = "5m", value_parser = super::parse_duration)]
     health_quiet_period: Duration,
     #[command(flatten)]
+    node: NodeFlags,
+    #[command(flatten)]
     nvidia: NvidiaFlags,
+}
+
+/// What the agent keeps on its Kubernetes Node.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "On the Kubernetes node (--kubernetes)")]
+pub struct NodeFlags {
+    /// This agent runs for a Kubernetes node (--node-name or NODE_NAME; KUBECONFIG or in-cluster):
+    /// write GPU Feature Discovery labels and the GPUHealthy condition, follow
+    /// nvidia.com/mig.config when --mig-config-file is given.
+    #[arg(long, env = "GPUOPS_KUBERNETES")]
+    kubernetes: bool,
+    /// Do not write the GFD-compatible feature labels (when NVIDIA's GFD still runs).
+    #[arg(long, env = "GPUOPS_NO_FEATURE_LABELS")]
+    no_feature_labels: bool,
+    /// Also write the labels as a Node Feature Discovery feature file, e.g.
+    /// /etc/kubernetes/node-feature-discovery/features.d/gpuops.
+    #[arg(long, env = "GPUOPS_NFD_FEATURES_FILE", value_name = "FILE")]
+    nfd_features_file: Option<PathBuf>,
+    /// Taint the node NoSchedule while a GPU has a fatal XID or is lost (removed on recovery).
+    #[arg(long, env = "GPUOPS_TAINT_UNHEALTHY")]
+    taint_unhealthy: bool,
+    /// The key of that taint.
+    #[arg(long, env = "GPUOPS_TAINT_KEY", default_value = gpuops_labels::DEFAULT_TAINT_KEY)]
+    taint_key: String,
+    /// mig-parted config file (a mounted ConfigMap) whose config the node label
+    /// nvidia.com/mig.config names; the agent applies it and reports nvidia.com/mig.config.state.
+    #[arg(long, env = "GPUOPS_MIG_CONFIG_FILE", value_name = "FILE")]
+    mig_config_file: Option<PathBuf>,
+    /// Config applied when the node has no nvidia.com/mig.config label, before the device plugin
+    /// advertises anything (so no pod lands on the wrong layout).
+    #[arg(long, env = "GPUOPS_MIG_DEFAULT_CONFIG", value_name = "NAME")]
+    mig_default_config: Option<String>,
+    /// How long a MIG change waits for pods using the GPUs before it gives up (state failed,
+    /// resources restored, retried with backoff).
+    #[arg(long, env = "GPUOPS_MIG_DRAIN_TIMEOUT", default_value = "5m", value_parser = super::parse_duration)]
+    mig_drain_timeout: Duration,
+    /// First wait before retrying a failed MIG change (doubles up to 10m).
+    #[arg(long, env = "GPUOPS_MIG_RETRY", default_value = "30s", value_parser = super::parse_duration)]
+    mig_retry: Duration,
 }
 
 /// Run only the DCGM-compatible Prometheus exporter: the agent without its device plugin.
@@ -138,6 +179,7 @@ pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
         config_dir: None,
         no_device_plugin: true,
         health_quiet_period: a.health_quiet_period,
+        node: NodeFlags::default(),
         nvidia: NvidiaFlags::default(),
     })
 }
@@ -242,6 +284,9 @@ fn plugin_config(
     )?)
 }
 
+/// The node's labels as watched (`None` until read).
+type NodeLabels = tokio::sync::watch::Receiver<Option<std::collections::BTreeMap<String, String>>>;
+
 /// Named device plugin configs, by name.
 type NamedConfigs = std::collections::BTreeMap<String, gpuops_resources::config::Config>;
 
@@ -301,10 +346,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     println!("GPUs from {}\n", opened.describe());
     print!("{}", output::inventory_tables(&first));
     println!("\nEndpoints:");
-    let metrics_listener = if args.no_metrics || args.once {
+    let metrics_listener = if args.no_metrics {
+        println!("  metrics        not served (--no-metrics)");
+        None
+    } else if args.once {
         println!(
-            "  metrics        not served ({})",
-            if args.once { "--once" } else { "--no-metrics" }
+            "  metrics        http://{}/metrics (DCGM-compatible; not served with --once)",
+            args.metrics_address
         );
         None
     } else {
@@ -402,6 +450,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         named: named.map(|n| (n, node.clone())),
         flags,
     });
+    let node_setup = node_setup(&args, &node, &opened, pod_socket.clone())?;
     let metrics = metrics_listener.map(|listener| {
         let (exporter, served) =
             crate::exporter::Exporter::new(&node, args.hostname_label, pod_socket);
@@ -418,10 +467,94 @@ pub fn run(args: Args) -> Result<ExitCode> {
         policy,
         plugins,
         metrics,
+        node_setup,
     ))?;
     // Keep the temporary simulator state until the loop ended.
     drop(opened.simulation);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The agent's Kubernetes node integration, as configured.
+struct NodeSetup {
+    name: String,
+    options: crate::node_sync::NodeOptions,
+    mig: Option<crate::mig_flow::FlowConfig>,
+    /// Named device plugin configs follow a node label too.
+    watch_labels: bool,
+}
+
+fn node_setup(
+    args: &Args,
+    node: &str,
+    opened: &gpu_source::Opened,
+    pod_socket: Option<PathBuf>,
+) -> Result<Option<NodeSetup>> {
+    let flags = &args.node;
+    if !flags.kubernetes {
+        if flags.mig_config_file.is_some()
+            || flags.taint_unhealthy
+            || flags.nfd_features_file.is_some()
+        {
+            anyhow::bail!(
+                "--mig-config-file, --taint-unhealthy and --nfd-features-file act on the Kubernetes node: add --kubernetes"
+            );
+        }
+        return Ok(args.config_dir.is_some().then(|| NodeSetup {
+            name: node.to_string(),
+            options: crate::node_sync::NodeOptions {
+                feature_labels: false,
+                nfd_file: None,
+                health: gpuops_labels::HealthPolicy::default(),
+                machine_type: None,
+            },
+            mig: None,
+            watch_labels: true,
+        }));
+    }
+    let mig = match &flags.mig_config_file {
+        Some(file) => {
+            // A config file that cannot be read now is reported, not fatal: a ConfigMap may
+            // appear later; the flow reports the problem on the node.
+            if let Err(e) = std::fs::metadata(file) {
+                eprintln!("{} MIG config file {}: {e}", clock(), file.display());
+            }
+            let gpu_flags = match (&opened.simulation, &args.gpus.nvml_lib) {
+                (Some(sim), _) => vec![
+                    "--sim-state".to_string(),
+                    sim.state_dir.display().to_string(),
+                ],
+                (None, Some(lib)) => vec!["--nvml-lib".to_string(), lib.display().to_string()],
+                (None, None) => Vec::new(),
+            };
+            Some(crate::mig_flow::FlowConfig {
+                config_file: file.clone(),
+                default_config: flags.mig_default_config.clone(),
+                drain_timeout: flags.mig_drain_timeout,
+                backoff_min: flags.mig_retry,
+                backoff_max: Duration::from_secs(600),
+                gpu_flags,
+                pod_socket,
+            })
+        }
+        None => None,
+    };
+    Ok(Some(NodeSetup {
+        name: node.to_string(),
+        options: crate::node_sync::NodeOptions {
+            feature_labels: !flags.no_feature_labels,
+            nfd_file: flags.nfd_features_file.clone(),
+            health: gpuops_labels::HealthPolicy {
+                taint_enabled: flags.taint_unhealthy,
+                taint_key: flags.taint_key.clone(),
+            },
+            machine_type: std::fs::read_to_string("/sys/class/dmi/id/product_name")
+                .ok()
+                .filter(|_| opened.simulation.is_none())
+                .map(|s| s.trim().to_string()),
+        },
+        mig,
+        watch_labels: true,
+    }))
 }
 
 /// What the XID thread tells the loop.
@@ -456,8 +589,10 @@ struct Feed {
     config: gpuops_resources::config::Config,
     /// The config file and the modification time of the version in use.
     config_file: Option<(PathBuf, Option<std::time::SystemTime>)>,
-    /// Named configs and the node label that picks one.
-    named: Option<(NamedConfigs, tokio::sync::watch::Receiver<Option<String>>)>,
+    /// Named configs, the node's labels (one of which picks one) and the value in use.
+    named: Option<(NamedConfigs, NodeLabels, Option<String>)>,
+    /// True while a MIG change runs: advertise no devices.
+    busy: tokio::sync::watch::Receiver<bool>,
     /// NVIDIA flags given on the command line: they win on every reload too.
     flags: gpuops_resources::config::Overrides,
 }
@@ -466,10 +601,15 @@ impl Feed {
     /// Re-reads the config file when it changed; a bad one is reported and the last good config
     /// stays in use.
     fn reload_config(&mut self) {
-        if let Some((configs, label)) = self.named.as_mut()
-            && label.has_changed().unwrap_or(false)
+        if let Some((configs, labels, in_use)) = self.named.as_mut()
+            && labels.has_changed().unwrap_or(false)
+            && let value = labels
+                .borrow_and_update()
+                .as_ref()
+                .and_then(|l| l.get(crate::node_config::LABEL).cloned())
+            && value != *in_use
         {
-            let value = label.borrow_and_update().clone();
+            *in_use = value.clone();
             match plugin_config(None, Some((configs, value.as_deref())), &self.flags) {
                 Ok(config) => {
                     println!(
@@ -511,7 +651,17 @@ impl Feed {
     }
 
     fn republish(&self, inv: &Inventory, health: &HealthTracker) {
-        match publish(inv, &self.config, health) {
+        let published = publish(inv, &self.config, health).map(|mut p| {
+            if *self.busy.borrow() {
+                // During a MIG change every resource stays registered with no devices, so the
+                // kubelet's allocatable drops to zero at once.
+                for r in &mut p.resources {
+                    r.devices.clear();
+                }
+            }
+            p
+        });
+        match published {
             Ok(p) if p.resources != self.tx.borrow().resources => {
                 println!(
                     "{} device plugin resources: {}",
@@ -536,8 +686,50 @@ async fn agent_loop(
     policy: HealthPolicy,
     plugins: Option<Plugins>,
     metrics: Option<Metrics>,
+    node_setup: Option<NodeSetup>,
 ) -> Result<()> {
     let (stop_plugins, plugins_stopped) = tokio::sync::watch::channel(false);
+    // The node's labels, when anything follows them.
+    let (labels_tx, labels_rx) = tokio::sync::watch::channel(None);
+    if let Some(setup) = node_setup.as_ref().filter(|s| s.watch_labels) {
+        let name = setup.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::node_config::watch_labels(name, labels_tx).await {
+                eprintln!("{} {e:#}; node labels are not followed", clock());
+            }
+        });
+    }
+    let (inventory_tx, inventory_rx) = tokio::sync::watch::channel(Arc::new(first.clone()));
+    let mig_flow = node_setup.as_ref().and_then(|s| s.mig.clone());
+    // With a MIG flow the plugin advertises nothing until its first decision.
+    let (busy_tx, mut busy_rx) = tokio::sync::watch::channel(mig_flow.is_some());
+    let mut node_sync = None;
+    if let Some(setup) = node_setup.as_ref().filter(|s| {
+        s.options.feature_labels
+            || s.mig.is_some()
+            || s.options.health.taint_enabled
+            || s.options.nfd_file.is_some()
+    }) {
+        let writer = crate::node_sync::NodeWriter::connect(&setup.name).await?;
+        if let Some(cfg) = mig_flow {
+            tokio::spawn(crate::mig_flow::run(
+                cfg,
+                writer.clone(),
+                labels_rx.clone(),
+                inventory_rx.clone(),
+                busy_tx,
+            ));
+        }
+        node_sync = Some(crate::node_sync::NodeSync::new(
+            writer,
+            setup.options.clone(),
+        ));
+    }
+    let default_config = gpuops_resources::config::Config::effective(
+        None,
+        &gpuops_resources::config::Overrides::default(),
+        &gpuops_resources::config::Overrides::default(),
+    )?;
     let mut feed = None;
     let mut plugin_task = None;
     if let Some(p) = plugins {
@@ -551,22 +743,20 @@ async fn agent_loop(
             let modified = std::fs::metadata(&f).and_then(|m| m.modified()).ok();
             (f, modified)
         });
-        let named = p.named.map(|(configs, node)| {
-            let (label_tx, label_rx) = tokio::sync::watch::channel(None);
-            tokio::spawn(async move {
-                if let Err(e) = crate::node_config::watch_label(node, label_tx).await {
-                    eprintln!("{} {e:#}; using the default device plugin config", clock());
-                }
-            });
-            (configs, label_rx)
-        });
+        let named = p
+            .named
+            .map(|(configs, _)| (configs, labels_rx.clone(), None));
         feed = Some(Feed {
             tx,
             config: p.config,
             config_file,
             named,
+            busy: busy_rx.clone(),
             flags: p.flags,
         });
+        if let Some(f) = feed.as_ref() {
+            f.republish(&first, &HealthTracker::default());
+        }
     }
     let mut health = HealthTracker::default();
     let mut exporter = None;
@@ -606,6 +796,17 @@ async fn agent_loop(
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            Ok(()) = busy_rx.changed() => {
+                // A MIG change started or ended: advertise nothing now, or re-read the GPUs now.
+                let busy = *busy_rx.borrow_and_update();
+                if busy {
+                    if let Some(f) = feed.as_ref() {
+                        f.republish(&previous, &health);
+                    }
+                } else {
+                    ticker.reset_immediately();
+                }
+            }
             _ = ticker.tick() => {
                 let started = std::time::Instant::now();
                 let g = Arc::clone(&gpus);
@@ -629,6 +830,11 @@ async fn agent_loop(
                             e.refresh_pods().await;
                             e.publish(&next, &health, Some(started));
                         }
+                        if let Some(n) = node_sync.as_mut() {
+                            let config = feed.as_ref().map_or(&default_config, |f| &f.config);
+                            n.sync(&next, config, &health).await;
+                        }
+                        let _ = inventory_tx.send(Arc::new(next.clone()));
                         previous = next;
                     }
                     Ok(Err(e)) => {
@@ -651,6 +857,10 @@ async fn agent_loop(
                         if let Some(e) = exporter.as_mut() {
                             e.record_xid(gpu, gi_id, xid);
                             e.publish(&previous, &health, None);
+                        }
+                        if let (true, Some(n)) = (counted, node_sync.as_mut()) {
+                            let config = feed.as_ref().map_or(&default_config, |f| &f.config);
+                            n.sync(&previous, config, &health).await;
                         }
                     }
                 }

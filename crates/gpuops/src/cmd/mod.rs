@@ -3,9 +3,14 @@
 pub mod agent;
 pub mod catalog;
 pub mod cdi;
+pub mod doctor;
+pub mod extender;
 pub mod inventory;
+pub mod manifests;
 pub mod mig;
 pub mod sim;
+pub mod simulate;
+pub mod top;
 
 use std::time::Duration;
 

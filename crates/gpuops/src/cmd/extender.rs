@@ -1,0 +1,134 @@
+//! `gpuops scheduler-extender`: the packing engine's node scoring served to kube-scheduler as an
+//! HTTP extender (`filter` + `prioritize`) for GPU-sharing pods. See docs/packing.md.
+
+#[path = "../extender/protocol.rs"]
+pub mod protocol;
+#[path = "../extender/server.rs"]
+pub mod server;
+#[path = "../extender/state.rs"]
+pub mod state;
+
+use anyhow::{Context, Result, anyhow};
+use gpuops_packing::{PodSpec, PolicyKind};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+/// Serve the GPU packing engine to kube-scheduler as an HTTP scheduler extender.
+///
+/// kube-scheduler calls POST /filter and POST /prioritize for pods that request GPUs
+/// (nvidia.com/gpu or nvidia.com/gpu.shared; list them as managedResources). The extender keeps a
+/// watch of nodes and unfinished pods (it needs only get/list/watch on both), models each node's
+/// GPUs at milli-GPU granularity (time-slicing replicas from GFD's nvidia.com/gpu.replicas, a
+/// replica = 1000/replicas milli; or the pod annotation gpuops.io/gpu-milli), filters out nodes
+/// where the pod's share does not fit on one GPU, and scores the rest with --policy (0..10, only
+/// the best node gets 10). Pods that request no GPU pass through untouched.
+///
+/// Configure kube-scheduler with deploy/scheduler/kube-scheduler-config.yaml (a
+/// KubeSchedulerConfiguration with this extender); the ClusterRole is in
+/// deploy/scheduler/rbac.yaml.
+///
+/// Examples:
+///   gpuops scheduler-extender                               in-cluster, port 8888, policy ours
+///   gpuops scheduler-extender --kubeconfig ~/.kube/config --address 127.0.0.1:8888
+///   gpuops scheduler-extender --policy fgd --workload /work/shared/traces/openb/openb_pod_list_default.csv
+///   curl -s -XPOST 127.0.0.1:8888/prioritize -d @extender-args.json
+#[derive(Debug, clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    /// Where the extender listens (kube-scheduler's urlPrefix points here).
+    #[arg(long, env = "GPUOPS_EXTENDER_ADDRESS", default_value = "0.0.0.0:8888")]
+    address: SocketAddr,
+    /// Scoring policy: ours, fgd, bestfit, gpupacking, gpuclustering, dotprod or random.
+    #[arg(long, env = "GPUOPS_EXTENDER_POLICY", default_value = "ours")]
+    policy: String,
+    /// Kubeconfig to watch nodes and pods with [default: KUBECONFIG, ~/.kube/config or in-cluster].
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// A pod list CSV (trace format, see `gpuops simulate --help`) whose shapes are the typical
+    /// pods FGD and ours protect [default: the shapes of the pods running in the cluster].
+    #[arg(long, value_name = "FILE")]
+    workload: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let policy = PolicyKind::parse(&args.policy).context("--policy")?;
+    let workload: Option<Vec<PodSpec>> = match &args.workload {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--workload: cannot read {}", path.display()))?;
+            Some(
+                gpuops_packing::parse_pods(&path.display().to_string(), &text)
+                    .map_err(|e| anyhow!("--workload: {e}"))?,
+            )
+        }
+        None => None,
+    };
+    let listener = server::bind(args.address)?;
+    let local = listener
+        .local_addr()
+        .context("reading the extender's address")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let client = client(args.kubeconfig.as_deref()).await?;
+        let view = server::watch(client);
+        let served = Arc::new(server::Served {
+            view,
+            engine: protocol::Engine { policy, workload },
+            requests: AtomicU64::new(0),
+        });
+        println!(
+            "gpuops scheduler-extender {}: policy {}, listening on http://{local} (POST /filter, POST /prioritize)",
+            env!("CARGO_PKG_VERSION"),
+            policy.name()
+        );
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let serving = tokio::spawn(server::serve(listener, served, rx));
+        shutdown_signal().await;
+        let _ = tx.send(true);
+        serving.await.context("the extender server stopped")??;
+        println!("stopped");
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
+    match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig: cannot read {}", path.display()))?;
+            let config = kube::Config::from_custom_kubeconfig(
+                kc,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Client::try_from(config).context("connecting to Kubernetes")
+        }
+        None => kube::Client::try_default()
+            .await
+            .context("connecting to Kubernetes (KUBECONFIG, ~/.kube/config or in-cluster; or pass --kubeconfig)"),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
