@@ -3,6 +3,7 @@
 #   kube-apiserver kube-scheduler kube-controller-manager kubectl   (wrapper module kube/)
 #   etcd                                                            (wrapper module etcd/)
 #   kwok                                                            (wrapper module kwok/)
+#   helm                                                            (wrapper module helm/)
 #   every main package under harness/cmd/ (if harness/go.mod exists)
 # into ${GPUOPS_CACHE:-$HOME/.cache/gpuops}/k8s/<key>/bin, where <key> hashes versions.env,
 # the wrappers' go.mod/go.sum and the harness sources. Anything already built is reused,
@@ -27,7 +28,7 @@ die() { local code=$1; shift; printf '[k8s-build] ERROR: %s\n' "$*" >&2; exit "$
 
 # shellcheck source=versions.env
 source "$here/versions.env"
-: "${K8S_VERSION:?versions.env: K8S_VERSION unset}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}"
+: "${K8S_VERSION:?versions.env: K8S_VERSION unset}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}"
 
 # The wrappers must match versions.env (update-modules.sh regenerates them).
 check_pin() { # dir module version
@@ -37,6 +38,7 @@ check_pin() { # dir module version
 check_pin kube k8s.io/kubernetes "$K8S_VERSION"
 check_pin etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
 check_pin kwok sigs.k8s.io/kwok "$KWOK_VERSION"
+check_pin helm helm.sh/helm/v3 "$HELM_VERSION"
 
 have_harness=0
 [ -f "$here/harness/go.mod" ] && have_harness=1
@@ -58,13 +60,14 @@ platform="$(uname -s)/$(uname -m)"
 key_kube=$(echo "recipe=$RECIPE $platform k8s=$K8S_VERSION $(files_hash "$here/kube/go.mod" "$here/kube/go.sum")" | sha)
 key_etcd=$(echo "recipe=$RECIPE $platform etcd=$ETCD_VERSION $(files_hash "$here/etcd/go.mod" "$here/etcd/go.sum")" | sha)
 key_kwok=$(echo "recipe=$RECIPE $platform kwok=$KWOK_VERSION $(files_hash "$here/kwok/go.mod" "$here/kwok/go.sum")" | sha)
+key_helm=$(echo "recipe=$RECIPE $platform helm=$HELM_VERSION $(files_hash "$here/helm/go.mod" "$here/helm/go.sum")" | sha)
 key_harness=none
 if [ $have_harness = 1 ]; then
   mapfile -t hfiles < <(harness_files)
   key_harness=$(echo "recipe=$RECIPE $platform k8s=$K8S_VERSION $(files_hash "${hfiles[@]}")" | sha)
 fi
 key="$K8S_VERSION-$(printf '%s\n' "$(sha256sum < "$here/versions.env")" \
-  "$key_kube" "$key_etcd" "$key_kwok" "$key_harness" | sha)"
+  "$key_kube" "$key_etcd" "$key_kwok" "$key_helm" "$key_harness" | sha)"
 
 root="${GPUOPS_CACHE:-$HOME/.cache/gpuops}/k8s"
 out="$root/$key/bin"
@@ -104,7 +107,7 @@ fi
 export GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 
 # Refuse a Go older than what the wrappers ask for, with a plain message (rather than go's own).
-need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here"/{kube,etcd,kwok}/go.mod \
+need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here"/{kube,etcd,kwok,helm}/go.mod \
   $( [ $have_harness = 1 ] && echo "$here/harness/go.mod") | sort -V | tail -1)
 have_go=$(go env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9.]*\).*/\1/p')
 if [ -z "$have_go" ] || [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -1)" != "$need_go" ]; then
@@ -191,6 +194,16 @@ for c in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
 done
 build_one etcd "$key_etcd" "$here/etcd" etcd go.etcd.io/etcd/server/v3 "-s -w"
 build_one kwok "$key_kwok" "$here/kwok" kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
+# Helm's Makefile sets its version and the Kubernetes version its client libraries speak (the
+# default .Capabilities.KubeVersion of `helm template`/`helm lint`); the same here.
+helm_k8s_minor=$(sed -n 's/^[[:space:]]*k8s.io\/client-go v0\.\([0-9]*\)\..*/\1/p' "$here/helm/go.mod")
+helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+if [ -n "$helm_k8s_minor" ]; then
+  for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    helm_ldflags+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$helm_k8s_minor"
+  done
+fi
+build_one helm "$key_helm" "$here/helm" helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 
 if [ $have_harness = 1 ]; then
   if [ -d "$here/harness/cmd" ]; then
@@ -216,10 +229,11 @@ check_version() { # name args...
 }
 for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok; do check_version "$b" --version; done
 check_version kubectl version --client
+check_version helm version --short
 
 {
-  echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION"
-  echo "kube=$key_kube etcd=$key_etcd kwok=$key_kwok harness=$key_harness"
+  echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION"
+  echo "kube=$key_kube etcd=$key_etcd kwok=$key_kwok helm=$key_helm harness=$key_harness"
 } > "$root/$key/BUILD-INFO"
 printf '%s\n' "${built_names[@]}" > "$tmp/complete"
 mv -f "$tmp/complete" "$out/.complete"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates the wrapper modules tests/k8s/{kube,etcd,kwok}/go.mod + go.sum from
+# Regenerates the wrapper modules tests/k8s/{kube,etcd,kwok,helm}/go.mod + go.sum from
 # versions.env. Run it after changing a version there; it needs the Go module proxy.
 # build.sh never runs this: it builds from the committed go.mod/go.sum.
+# Usage: update-modules.sh [kube] [etcd] [kwok] [helm]   (no argument: all of them)
 #
 # kube/: k8s.io/kubernetes replaces its staging modules (k8s.io/api, ...) with
 # ./staging/src/..., which a dependent module cannot use, so `go install
@@ -16,6 +17,13 @@ export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
 
 command -v go >/dev/null || { echo "update-modules.sh: go not found (see README.md)" >&2; exit 2; }
 
+want=("$@")
+[ ${#want[@]} -gt 0 ] || want=(kube etcd kwok helm)
+for w in "${want[@]}"; do
+  case "$w" in kube|etcd|kwok|helm) ;; *) echo "update-modules.sh: unknown module '$w' (kube etcd kwok helm)" >&2; exit 2;; esac
+done
+wanted() { local w; for w in "${want[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+
 fresh() { # dir module-path
   mkdir -p "$1"; rm -f "$1/go.mod" "$1/go.sum"
   (cd "$1" && go mod init "$2" >/dev/null 2>&1)
@@ -26,6 +34,7 @@ go_line_of() { # module@version -> the `go` line of its go.mod
   sed -n 's/^go \([0-9.]*\)$/\1/p' "$f"
 }
 
+if wanted kube; then
 echo "== kube ($K8S_VERSION)" >&2
 d=$here/kube; fresh "$d" gpuops.local/tests/k8s/kube
 cd "$d"
@@ -47,7 +56,9 @@ for c in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
 done
 go mod tidy
 go mod verify >/dev/null
+fi
 
+if wanted etcd; then
 echo "== etcd ($ETCD_VERSION)" >&2
 d=$here/etcd; fresh "$d" gpuops.local/tests/k8s/etcd
 cd "$d"
@@ -55,7 +66,9 @@ go mod edit -go="$(go_line_of "go.etcd.io/etcd/server/v3@$ETCD_VERSION")"
 go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
 go mod tidy
 go mod verify >/dev/null
+fi
 
+if wanted kwok; then
 echo "== kwok ($KWOK_VERSION)" >&2
 d=$here/kwok; fresh "$d" gpuops.local/tests/k8s/kwok
 cd "$d"
@@ -76,5 +89,17 @@ kdir=$(go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
     echo "---"; cat "$kdir/kustomize/stage/$f"
   done
 } > "$here/kwok-stages.yaml"
+fi
 
-echo "wrapper modules regenerated; commit tests/k8s/{kube,etcd,kwok}/go.{mod,sum}" >&2
+# helm/: Helm v3 for the chart tests (helm template/lint/install of deploy/helm/gpuops).
+if wanted helm; then
+echo "== helm ($HELM_VERSION)" >&2
+d=$here/helm; fresh "$d" gpuops.local/tests/k8s/helm
+cd "$d"
+go mod edit -go="$(go_line_of "helm.sh/helm/v3@$HELM_VERSION")"
+go get -tool "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+go mod tidy
+go mod verify >/dev/null
+fi
+
+echo "wrapper modules regenerated (${want[*]}); commit tests/k8s/{${want[*]// /,}}/go.{mod,sum}" >&2

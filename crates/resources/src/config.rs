@@ -224,12 +224,19 @@ pub enum DeviceIdStrategy {
     Index,
 }
 
+/// `sharedDevicesAllocationPolicy`: how replicas of shared GPUs are picked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AllocationPolicy {
+    /// NVIDIA's default: spread replicas over the least used devices.
     #[default]
     Distributed,
+    /// NVIDIA's: fill the most used devices first.
     Packed,
+    /// gpuops: keep a request's replicas on one device, chosen by the packing engine's GPU-level
+    /// rule (the best-fit device that holds the whole share; see docs/packing.md).
+    #[serde(rename = "fragmentation-aware")]
+    FragmentationAware,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -1021,7 +1028,8 @@ impl Overrides {
             "CONTAINER_DRIVER_ROOT" => self.container_driver_root = Some(v.to_string()),
             "MPS_ROOT" => self.mps_root = Some(v.to_string()),
             "SHARED_DEVICES_ALLOCATION_POLICY" => {
-                self.shared_devices_allocation_policy = Some(parse_enum(v, "distributed, packed")?);
+                self.shared_devices_allocation_policy =
+                    Some(parse_enum(v, "distributed, packed, fragmentation-aware")?);
             }
             "GDS_ENABLED" => self.gds_enabled = Some(parse_go_bool(v)?),
             "MOFED_ENABLED" => self.mofed_enabled = Some(parse_go_bool(v)?),
@@ -1659,5 +1667,46 @@ sharing:
                 (got, want) => panic!("{names:?} {label:?}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn fragmentation_aware_allocation_policy() {
+        let c = Config::parse(
+            "flags:\n  plugin:\n    sharedDevicesAllocationPolicy: fragmentation-aware\n",
+            "f.yaml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.shared_devices_allocation_policy(),
+            AllocationPolicy::FragmentationAware
+        );
+        let o = env(&[("SHARED_DEVICES_ALLOCATION_POLICY", "fragmentation-aware")]);
+        assert_eq!(
+            o.shared_devices_allocation_policy,
+            Some(AllocationPolicy::FragmentationAware)
+        );
+        let e = Overrides::from_env([("SHARED_DEVICES_ALLOCATION_POLICY", "tight")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"tight\": expected one of distributed, packed, fragmentation-aware"),
+            "{e}"
+        );
+        let e = Config::parse(
+            "flags:\n  plugin:\n    sharedDevicesAllocationPolicy: tight\n",
+            "f.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("f.yaml:3:") && e.contains("unknown variant `tight`"),
+            "{e}"
+        );
+        assert!(e.contains("fragmentation-aware"), "{e}");
+        // Defaults unchanged.
+        assert_eq!(
+            Config::default().shared_devices_allocation_policy(),
+            AllocationPolicy::Distributed
+        );
     }
 }

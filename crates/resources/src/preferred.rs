@@ -3,7 +3,8 @@
 //! Whole GPUs without replicas: the subset (containing the required IDs) with the best total
 //! NVLink/PCIe pair score, found exactly by enumerating combinations (ties: the subset that cuts
 //! the fewest good links to the GPUs left over, then the lowest GPU indices). Replicas and MIG
-//! devices: NVIDIA's greedy `distributed` / `packed` policies.
+//! devices: NVIDIA's greedy `distributed` / `packed` policies, or (`fragmentation-aware`, ours)
+//! the whole request on the one device the packing engine's GPU-level rule picks.
 
 use crate::config::{AllocationPolicy, Config};
 use crate::model::{Device, Resource};
@@ -273,9 +274,22 @@ fn greedy<'a>(
     }
     // Replicas compete per backing device; MIG devices without replicas per physical GPU.
     let per_device = resource.replicas > 1;
+    if policy == AllocationPolicy::FragmentationAware && per_device {
+        for d in one_device_share(resource, avail, &picked, size) {
+            take(
+                d,
+                &mut picked,
+                &mut dev_alloc,
+                &mut gpu_alloc,
+                &mut used_gpus,
+            );
+        }
+    }
+    // What the fragmentation-aware choice leaves (a share larger than any device's free
+    // replicas, or MIG devices without replicas) is packed.
     let sign = match policy {
         AllocationPolicy::Distributed => 1,
-        AllocationPolicy::Packed => -1,
+        AllocationPolicy::Packed | AllocationPolicy::FragmentationAware => -1,
     };
     while picked.len() < size {
         let best = avail
@@ -312,6 +326,56 @@ fn greedy<'a>(
         }
     }
     picked
+}
+
+/// `fragmentation-aware`: the replicas still needed, all from one backing device, chosen by the
+/// packing engine's GPU-level rule ([`gpuops_packing::extender::preferred_gpus`]): each device's
+/// free share is its available replicas x 1000/replicas milli, the request is the missing
+/// replicas' share, and the engine picks the device whose free share it fits best (without a
+/// typical-pod distribution, which the device plugin does not have, that is the best fit; ties
+/// to the lowest GPU index). Devices already holding a required replica come first. Empty when no
+/// single device has enough available replicas.
+fn one_device_share<'a>(
+    resource: &'a Resource,
+    avail: &[&'a Device],
+    picked: &[&'a Device],
+    size: usize,
+) -> Vec<&'a Device> {
+    let need = size.saturating_sub(picked.len());
+    let replicas = resource.replicas.max(1) as usize;
+    if need == 0 || need > replicas {
+        return Vec::new();
+    }
+    // Backing devices in resource order (GPU index, MIG index) with their free replicas.
+    let mut backs: Vec<(&str, Vec<&Device>)> = Vec::new();
+    for d in &resource.devices {
+        if !avail.iter().any(|a| a.id == d.id) || picked.iter().any(|p| p.id == d.id) {
+            continue;
+        }
+        match backs.iter_mut().find(|(b, _)| *b == d.backing_uuid()) {
+            Some((_, list)) => list.push(d),
+            None => backs.push((d.backing_uuid(), vec![d])),
+        }
+    }
+    let milli = |n: usize| u16::try_from(n * 1000 / replicas).unwrap_or(1000);
+    let pick = |backs: &[(&str, Vec<&'a Device>)]| -> Option<Vec<&'a Device>> {
+        if backs.is_empty() || backs.len() > 64 {
+            return None;
+        }
+        let free: Vec<u16> = backs.iter().map(|(_, l)| milli(l.len())).collect();
+        let chosen = gpuops_packing::extender::preferred_gpus(&free, 1, milli(need), None)?;
+        let (_, list) = backs.get(*chosen.first()?)?;
+        (list.len() >= need).then(|| list[..need].to_vec())
+    };
+    // Prefer the device(s) a required replica already sits on.
+    let with_required: Vec<(&str, Vec<&Device>)> = backs
+        .iter()
+        .filter(|(b, _)| picked.iter().any(|p| p.backing_uuid() == *b))
+        .cloned()
+        .collect();
+    pick(&with_required)
+        .or_else(|| pick(&backs))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -563,6 +627,54 @@ mod tests {
             let got = preferred_allocation(&r, &avail, &req, size, &c, &node).unwrap();
             assert_eq!(got, want, "case {n} ({policy})");
         }
+    }
+
+    #[test]
+    fn replicas_fragmentation_aware() {
+        let node = inv(vec![gpu(0), gpu(1), gpu(2)]);
+        let c = cfg(
+            "flags: {plugin: {sharedDevicesAllocationPolicy: fragmentation-aware}}\n\
+             sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 4}]\n",
+        );
+        let r = resources(&node, &c).unwrap().remove(0);
+        let all: Vec<String> = (0..3)
+            .flat_map(|g| (0..4).map(move |n| rep(g, n)))
+            .collect();
+        let without = |gone: &[String]| -> Vec<String> {
+            all.iter().filter(|i| !gone.contains(i)).cloned().collect()
+        };
+        let pick = |avail: &[String], req: &[String], size: usize| {
+            preferred_allocation(&r, avail, req, size, &c, &node).unwrap()
+        };
+        // Idle node: the whole request on GPU 0.
+        assert_eq!(pick(&all, &[], 2), vec![rep(0, 0), rep(0, 1)]);
+        // GPU 0 has 1 replica free, GPU 1 has 3: a 2-replica request keeps its share on one GPU,
+        // the best fit that holds it (GPU 1); packed would split it over GPUs 0 and 1.
+        let used = without(&[rep(0, 0), rep(0, 1), rep(0, 2), rep(1, 0)]);
+        assert_eq!(pick(&used, &[], 2), vec![rep(1, 1), rep(1, 2)]);
+        let packed = cfg("flags: {plugin: {sharedDevicesAllocationPolicy: packed}}\n\
+             sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 4}]\n");
+        let rp = resources(&node, &packed).unwrap().remove(0);
+        assert_eq!(
+            preferred_allocation(&rp, &used, &[], 2, &packed, &node).unwrap(),
+            vec![rep(0, 3), rep(1, 1)]
+        );
+        // A single replica goes to the best fit: GPU 0's last free replica completes it.
+        assert_eq!(pick(&used, &[], 1), vec![rep(0, 3)]);
+        // A required replica pins the device when the rest fits there.
+        assert_eq!(
+            pick(&all, &[rep(2, 1)], 3),
+            vec![rep(2, 1), rep(2, 0), rep(2, 2)]
+        );
+        // A whole GPU's worth of replicas: an entirely free GPU.
+        assert_eq!(
+            pick(&used, &[], 4),
+            vec![rep(2, 0), rep(2, 1), rep(2, 2), rep(2, 3)]
+        );
+        // More than one GPU's worth: packed fallback, still every replica distinct.
+        let got = pick(&all, &[], 6);
+        assert_eq!(got.len(), 6);
+        assert_eq!(&got[..4], &[rep(0, 0), rep(0, 1), rep(0, 2), rep(0, 3)]);
     }
 
     #[test]

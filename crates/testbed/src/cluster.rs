@@ -34,6 +34,10 @@ pub struct ClusterOptions {
     pub kwok: bool,
     /// Identities besides the admin.
     pub users: Vec<User>,
+    /// Extra top-level fields of the scheduler's KubeSchedulerConfiguration (YAML, e.g. an
+    /// `extenders:` list). The test bed writes the file (apiVersion, kind, clientConnection,
+    /// leaderElection off) and starts kube-scheduler with `--config`.
+    pub scheduler_config: Option<String>,
 }
 
 impl Default for ClusterOptions {
@@ -43,6 +47,7 @@ impl Default for ClusterOptions {
             controller_manager: false,
             kwok: false,
             users: Vec::new(),
+            scheduler_config: None,
         }
     }
 }
@@ -161,7 +166,21 @@ impl Cluster {
             let port = free_port()?;
             let mut cmd = Command::new(cluster.bin.join("kube-scheduler"));
             cmd.args(component_args(&admin, port));
-            cmd.arg("--leader-elect=false");
+            match &options.scheduler_config {
+                Some(extra) => {
+                    let file = root.join("kube-scheduler-config.yaml");
+                    let text = format!(
+                        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\nleaderElection:\n  leaderElect: false\n{extra}\n",
+                        admin.display()
+                    );
+                    std::fs::write(&file, text)
+                        .map_err(|e| BedError::io("writing the scheduler config", e))?;
+                    cmd.arg(format!("--config={}", file.display()));
+                }
+                None => {
+                    cmd.arg("--leader-elect=false");
+                }
+            }
             cluster.scheduler = Some(Managed::spawn(
                 "kube-scheduler",
                 cmd,

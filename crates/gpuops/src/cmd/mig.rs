@@ -105,8 +105,9 @@ enum Action {
         /// Destroy MIG devices even when processes run in them (the driver may still refuse).
         #[arg(long)]
         force: bool,
-        /// Pause between driver calls (for testing interrupted applies).
-        #[arg(long, hide = true, value_parser = super::parse_duration)]
+        /// Pause between driver calls (for testing interrupted applies; the environment variable
+        /// reaches the applies the agent's MIG flow starts).
+        #[arg(long, hide = true, env = "GPUOPS_MIG_STEP_DELAY", value_parser = super::parse_duration)]
         step_delay: Option<Duration>,
         /// Exit as if killed after this many driver changes (for testing interrupted applies).
         #[arg(long, hide = true)]

@@ -213,7 +213,7 @@ pub fn render_table(sim: &Simulation, nodes: usize, pods: usize) -> String {
     let max = (sim.load * 100.0).round() as usize;
     let steps: Vec<usize> = (10..=max)
         .step_by(10)
-        .chain((max % 10 != 0).then_some(max))
+        .chain((!max.is_multiple_of(10)).then_some(max))
         .collect();
     let _ = writeln!(
         s,

@@ -217,7 +217,9 @@ pub fn pod_ask(pod: &Pod) -> PodAsk {
         .as_ref()
         .and_then(|a| a.get(ANNOTATION_MILLI))
         .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|m| (1..1000).contains(m) || (*m >= 1000 && m % 1000 == 0 && *m <= 64_000));
+        .filter(|m| {
+            (1..1000).contains(m) || (*m >= 1000 && m.is_multiple_of(1000) && *m <= 64_000)
+        });
     PodAsk {
         cpu_milli: effective(pod, "cpu", q_milli),
         memory_mib: effective(pod, "memory", q_mib),

@@ -15,6 +15,9 @@ pub fn gpuops() -> Command {
         "MIG_PARTED_SELECTED_CONFIG",
         "MIG_PARTED_HOOKS_FILE",
         "GPUOPS_MIG_CHECKPOINT",
+        "GPUOPS_MIG_STEP_DELAY",
+        "GPUOPS_KUBERNETES",
+        "GPUOPS_MIG_CONFIG_FILE",
     ] {
         c.env_remove(var);
     }

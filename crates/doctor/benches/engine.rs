@@ -1,0 +1,300 @@
+//! `cargo bench -p gpuops-doctor --bench engine`: the doctor's rules over 1,000 nodes and 20,000
+//! pods held in memory (what one list per kind gives on a big cluster).
+//!
+//! 900 whole-GPU nodes (8 x H100 each, a tenth tainted), 100 MIG nodes; 12,000 CPU pods, 6,000
+//! running GPU pods, 2,000 pending GPU pods of mixed shapes with their FailedScheduling events,
+//! 20,000 events in all, and 7,200 utilization samples. Prints the time of `diagnose` (median
+//! of 5), the findings, and the process's resident memory before and after (peak from VmHWM).
+//! Target: under 3 s.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // benchmark harness
+
+use gpuops_doctor::{Options, Sample, Snapshot, diagnose};
+use k8s_openapi::api::core::v1::{
+    Container, Event, Node, NodeSpec, NodeStatus, ObjectReference, Pod, PodSpec, PodStatus,
+    ResourceRequirements, Taint, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+fn rss_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn q(n: u32) -> Quantity {
+    Quantity(n.to_string())
+}
+
+fn node(i: usize, now: Timestamp) -> Node {
+    let mig = i >= 900;
+    let mut labels: BTreeMap<String, String> = [
+        ("kubernetes.io/hostname", format!("node-{i}")),
+        ("nvidia.com/gpu.present", "true".into()),
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3".into()),
+        ("nvidia.com/gpu.count", "8".into()),
+        (
+            "nvidia.com/cuda.driver-version.full",
+            if i.is_multiple_of(97) {
+                "550.54.15".into()
+            } else {
+                "550.107.02".into()
+            },
+        ),
+        ("nvidia.com/cuda.driver-version.major", "550".into()),
+        ("karpenter.sh/nodepool", format!("pool-{}", i % 10)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let mut res: BTreeMap<String, Quantity> = [
+        ("cpu", q(96)),
+        ("memory", Quantity("1Ti".into())),
+        ("pods", q(110)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if mig {
+        labels.insert("nvidia.com/mig.config".into(), "all-1g.10gb".into());
+        labels.insert("nvidia.com/mig.config.state".into(), "success".into());
+        labels.insert("nvidia.com/mig.strategy".into(), "mixed".into());
+        res.insert("nvidia.com/mig-1g.10gb".into(), q(56));
+    } else {
+        res.insert("nvidia.com/gpu".into(), q(8));
+    }
+    let taints = (i % 10 == 3).then(|| {
+        vec![Taint {
+            key: "nvidia.com/gpu".into(),
+            value: Some("present".into()),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        }]
+    });
+    Node {
+        metadata: ObjectMeta {
+            name: Some(format!("node-{i}")),
+            labels: Some(labels),
+            creation_timestamp: Some(Time(now - SignedDuration::from_hours(48))),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            taints,
+            ..NodeSpec::default()
+        }),
+        status: Some(NodeStatus {
+            capacity: Some(res.clone()),
+            allocatable: Some(res),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+fn pod(
+    name: String,
+    resource: Option<(&str, u32)>,
+    node: Option<String>,
+    now: Timestamp,
+    tolerate: bool,
+) -> Pod {
+    let mut limits: BTreeMap<String, Quantity> = [
+        ("cpu".to_string(), q(2)),
+        ("memory".to_string(), Quantity("8Gi".into())),
+    ]
+    .into();
+    if let Some((r, n)) = resource {
+        limits.insert(r.to_string(), q(n));
+    }
+    let running = node.is_some();
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some("team".into()),
+            creation_timestamp: Some(Time(now - SignedDuration::from_hours(3))),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: node,
+            tolerations: tolerate.then(|| {
+                vec![Toleration {
+                    key: Some("nvidia.com/gpu".into()),
+                    operator: Some("Exists".into()),
+                    ..Toleration::default()
+                }]
+            }),
+            containers: vec![Container {
+                name: "main".into(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(limits.clone()),
+                    limits: Some(limits),
+                    ..ResourceRequirements::default()
+                }),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some(if running { "Running" } else { "Pending" }.into()),
+            start_time: running.then(|| Time(now - SignedDuration::from_hours(3))),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+fn event(i: usize, pod: Option<&str>, now: Timestamp) -> Event {
+    let (kind, name, reason, message) = match pod {
+        Some(p) => (
+            "Pod",
+            p.to_string(),
+            "FailedScheduling",
+            "0/1000 nodes are available: 100 Insufficient nvidia.com/gpu, 100 node(s) had untolerated taint {nvidia.com/gpu: present}, 800 Insufficient nvidia.com/gpu. preemption: not eligible".to_string(),
+        ),
+        None => ("Pod", format!("cpu-{i}"), "Pulled", "Successfully pulled image".to_string()),
+    };
+    Event {
+        metadata: ObjectMeta {
+            name: Some(format!("ev-{i}")),
+            namespace: Some("team".into()),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            kind: Some(kind.into()),
+            namespace: Some("team".into()),
+            name: Some(name),
+            ..ObjectReference::default()
+        },
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_timestamp: Some(Time(now - SignedDuration::from_mins(2))),
+        count: Some(3),
+        ..Event::default()
+    }
+}
+
+fn build(now: Timestamp) -> Snapshot {
+    let nodes: Vec<Node> = (0..1000).map(|i| node(i, now)).collect();
+    let mut pods = Vec::with_capacity(20_000);
+    for i in 0..12_000 {
+        pods.push(pod(
+            format!("cpu-{i}"),
+            None,
+            Some(format!("node-{}", i % 1000)),
+            now,
+            false,
+        ));
+    }
+    // 6,000 running GPU pods: 6 or 7 whole GPUs' worth per whole-GPU node, MIG slices on the rest.
+    for i in 0..6_000 {
+        let n = i % 1000;
+        let r = if n >= 900 {
+            ("nvidia.com/mig-1g.10gb", 1)
+        } else {
+            ("nvidia.com/gpu", 1)
+        };
+        pods.push(pod(
+            format!("gpu-{i}"),
+            Some(r),
+            Some(format!("node-{n}")),
+            now,
+            n % 10 == 3,
+        ));
+    }
+    let mut events = Vec::with_capacity(20_000);
+    let shapes: [(&str, u32); 5] = [
+        ("nvidia.com/gpu", 4),
+        ("nvidia.com/gpu", 8),
+        ("nvidia.com/gpu", 16),
+        ("nvidia.com/mig-3g.40gb", 1),
+        ("nvidia.com/gpu", 2),
+    ];
+    for i in 0..2_000 {
+        let name = format!("pending-{i}");
+        events.push(event(i, Some(&name), now));
+        pods.push(pod(
+            name,
+            Some(shapes[i % shapes.len()]),
+            None,
+            now,
+            i.is_multiple_of(2),
+        ));
+    }
+    for i in events.len()..20_000 {
+        events.push(event(i, None, now));
+    }
+    let metrics: Vec<Sample> = (0..7_200)
+        .map(|i: usize| Sample {
+            name: "DCGM_FI_DEV_GPU_UTIL".into(),
+            labels: [
+                ("Hostname".to_string(), format!("node-{}", i / 8)),
+                ("gpu".to_string(), (i % 8).to_string()),
+                ("UUID".to_string(), format!("GPU-{i}")),
+                ("namespace".to_string(), "team".to_string()),
+                ("pod".to_string(), format!("gpu-{i}")),
+            ]
+            .into(),
+            value: if i.is_multiple_of(5) { 0.0 } else { 80.0 },
+        })
+        .collect();
+    Snapshot {
+        nodes,
+        pods,
+        events,
+        metrics,
+        utilization_window: Some(std::time::Duration::from_secs(3600)),
+        logs: Vec::new(),
+        now,
+    }
+}
+
+fn main() {
+    let now: Timestamp = "2026-11-20T12:00:00Z".parse().unwrap();
+    let before = rss_kib("VmRSS:");
+    let t = Instant::now();
+    let snapshot = build(now);
+    let built = t.elapsed();
+    let with_snapshot = rss_kib("VmRSS:");
+    let mut times = Vec::new();
+    let mut findings = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        findings = diagnose(std::hint::black_box(&snapshot), &Options::default());
+        times.push(t.elapsed());
+    }
+    times.sort();
+    let (c, w, i) = gpuops_doctor::counts(&findings);
+    let mut by_code: BTreeMap<&str, usize> = BTreeMap::new();
+    for f in &findings {
+        *by_code.entry(f.code).or_default() += 1;
+    }
+    println!(
+        "doctor engine: {} nodes, {} pods, {} events, {} samples (built in {:.0} ms)",
+        snapshot.nodes.len(),
+        snapshot.pods.len(),
+        snapshot.events.len(),
+        snapshot.metrics.len(),
+        built.as_secs_f64() * 1000.0
+    );
+    println!(
+        "diagnose: median {:.0} ms, min {:.0} ms, max {:.0} ms (target < 3000 ms)",
+        times[2].as_secs_f64() * 1000.0,
+        times[0].as_secs_f64() * 1000.0,
+        times[4].as_secs_f64() * 1000.0
+    );
+    println!("findings: {c} critical, {w} warning, {i} info: {by_code:?}");
+    println!(
+        "memory: RSS {} MiB before, {} MiB with the snapshot, peak {} MiB",
+        before / 1024,
+        with_snapshot / 1024,
+        rss_kib("VmHWM:") / 1024
+    );
+    if times[2].as_secs_f64() > 3.0 {
+        eprintln!("SLOW: over the 3 s target");
+        std::process::exit(1);
+    }
+}

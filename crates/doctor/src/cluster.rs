@@ -1,0 +1,351 @@
+//! The snapshot indexed once: GPU nodes with allocatable/requested GPUs, GPU pods, events by object.
+
+use crate::fit;
+use crate::resources::{self, GpuMap};
+use crate::snapshot::Snapshot;
+use k8s_openapi::api::core::v1::{Event, Node, Pod, Taint};
+use k8s_openapi::jiff::Timestamp;
+use std::collections::{BTreeMap, HashMap};
+
+/// Label GFD and NVIDIA's operator put on GPU nodes.
+pub const GPU_PRESENT: &str = "nvidia.com/gpu.present";
+pub const PRODUCT: &str = "nvidia.com/gpu.product";
+pub const COUNT: &str = "nvidia.com/gpu.count";
+pub const DRIVER_FULL: &str = "nvidia.com/cuda.driver-version.full";
+pub const DRIVER_MAJOR: &str = "nvidia.com/cuda.driver-version.major";
+pub const MIG_CONFIG: &str = "nvidia.com/mig.config";
+pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
+pub const MIG_STATE_SINCE: &str = "gpuops.io/mig.config.state-since";
+pub const MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// A node as the rules see it.
+#[derive(Debug)]
+pub struct NodeView<'a> {
+    pub node: &'a Node,
+    pub name: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub capacity: GpuMap,
+    pub allocatable: GpuMap,
+    /// GPU resources requested by the pods bound to it that still run.
+    pub requested: GpuMap,
+    /// Taints that block scheduling (cordoning included).
+    pub taints: Vec<Taint>,
+    /// Labelled or sized as a GPU node.
+    pub is_gpu: bool,
+    /// Indexes into [`Cluster::gpu_pods`] of the active GPU pods bound here.
+    pub gpu_pods: Vec<usize>,
+    /// Pods of the GPU agent or NVIDIA's device plugin on this node.
+    pub agents: Vec<&'a Pod>,
+}
+
+impl NodeView<'_> {
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(String::as_str)
+    }
+
+    /// Allocatable minus requested, per resource (never negative).
+    pub fn free(&self, resource: &str) -> i64 {
+        let a = self.allocatable.get(resource).copied().unwrap_or(0);
+        let r = self.requested.get(resource).copied().unwrap_or(0);
+        (a - r).max(0)
+    }
+
+    pub fn allocatable_of(&self, resource: &str) -> i64 {
+        self.allocatable.get(resource).copied().unwrap_or(0)
+    }
+
+    /// The node offers the resource (has it in capacity or allocatable).
+    pub fn offers(&self, resource: &str) -> bool {
+        self.capacity.get(resource).copied().unwrap_or(0) > 0 || self.allocatable_of(resource) > 0
+    }
+
+    /// Configured replicas per device for a resource (`<resource>.replicas`, 1 when absent).
+    pub fn replicas(&self, resource: &str) -> i64 {
+        let base = resource.strip_suffix(".shared").unwrap_or(resource);
+        self.label(&format!("{base}.replicas"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+    }
+
+    /// The sharing strategy label of a resource (`none`, `time-slicing`, `mps`).
+    pub fn sharing_strategy(&self, resource: &str) -> Option<&str> {
+        let base = resource.strip_suffix(".shared").unwrap_or(resource);
+        self.label(&format!("{base}.sharing-strategy"))
+    }
+
+    /// The resource is shared replicas here.
+    pub fn is_shared(&self, resource: &str) -> bool {
+        resources::is_shared_name(resource)
+            || self.replicas(resource) > 1
+            || self
+                .sharing_strategy(resource)
+                .is_some_and(|s| s != "none" && !s.is_empty())
+    }
+}
+
+/// A pod that asks for GPUs.
+#[derive(Debug)]
+pub struct PodView<'a> {
+    pub pod: &'a Pod,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub gpus: GpuMap,
+    pub node: Option<&'a str>,
+    pub phase: &'a str,
+}
+
+impl PodView<'_> {
+    /// Bound and not finished: its GPUs count against the node.
+    pub fn active(&self) -> bool {
+        self.node.is_some() && !matches!(self.phase, "Succeeded" | "Failed")
+    }
+
+    pub fn pending_unbound(&self) -> bool {
+        self.node.is_none() && matches!(self.phase, "Pending" | "")
+    }
+
+    pub fn created(&self) -> Option<Timestamp> {
+        self.pod.metadata.creation_timestamp.as_ref().map(|t| t.0)
+    }
+}
+
+/// Key of the events index: involved object's kind, namespace ("" for cluster objects), name.
+type EventKey = (String, String, String);
+
+/// The indexed snapshot.
+#[derive(Debug)]
+pub struct Cluster<'a> {
+    pub snapshot: &'a Snapshot,
+    pub nodes: Vec<NodeView<'a>>,
+    pub node_index: HashMap<&'a str, usize>,
+    pub gpu_pods: Vec<PodView<'a>>,
+    events: HashMap<EventKey, Vec<&'a Event>>,
+    /// Active pods bound to each node name (all pods, GPU or not), for the namespace filter.
+    pub namespaces_on_node: HashMap<&'a str, Vec<&'a str>>,
+}
+
+fn is_agent(pod: &Pod) -> bool {
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    let app = pod.metadata.labels.as_ref().and_then(|l| {
+        l.get("app.kubernetes.io/name")
+            .or_else(|| l.get("app"))
+            .or_else(|| l.get("name"))
+    });
+    let looks = |s: &str| s.contains("gpuops") || s.contains("nvidia-device-plugin");
+    looks(name) || app.is_some_and(|a| looks(a))
+}
+
+impl<'a> Cluster<'a> {
+    pub fn build(snapshot: &'a Snapshot) -> Cluster<'a> {
+        let mut nodes: Vec<NodeView<'a>> = snapshot
+            .nodes
+            .iter()
+            .map(|node| {
+                let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
+                let status = node.status.as_ref();
+                let capacity = resources::gpu_map(status.and_then(|s| s.capacity.as_ref()));
+                let allocatable = resources::gpu_map(status.and_then(|s| s.allocatable.as_ref()));
+                let is_gpu = !capacity.is_empty()
+                    || !allocatable.is_empty()
+                    || labels.get(GPU_PRESENT).is_some_and(|v| v == "true")
+                    || labels.contains_key(PRODUCT)
+                    || labels.get(COUNT).is_some_and(|v| v != "0");
+                NodeView {
+                    node,
+                    name: node.metadata.name.as_deref().unwrap_or(""),
+                    labels,
+                    capacity,
+                    allocatable,
+                    requested: GpuMap::new(),
+                    taints: fit::blocking_taints(node),
+                    is_gpu,
+                    gpu_pods: Vec::new(),
+                    agents: Vec::new(),
+                }
+            })
+            .collect();
+        let node_index: HashMap<&str, usize> =
+            nodes.iter().enumerate().map(|(i, n)| (n.name, i)).collect();
+
+        let mut gpu_pods = Vec::new();
+        let mut namespaces_on_node: HashMap<&str, Vec<&str>> = HashMap::new();
+        for pod in &snapshot.pods {
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .filter(|n| !n.is_empty());
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or("");
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+            let finished = matches!(phase, "Succeeded" | "Failed");
+            if let Some(n) = node
+                && !finished
+            {
+                let list = namespaces_on_node.entry(n).or_default();
+                if !list.contains(&namespace) {
+                    list.push(namespace);
+                }
+                if is_agent(pod)
+                    && let Some(&i) = node_index.get(n)
+                {
+                    nodes[i].agents.push(pod);
+                }
+            }
+            let gpus = resources::pod_gpus(pod);
+            if gpus.is_empty() {
+                continue;
+            }
+            let view = PodView {
+                pod,
+                namespace,
+                name: pod.metadata.name.as_deref().unwrap_or(""),
+                gpus,
+                node,
+                phase,
+            };
+            if view.active()
+                && let Some(&i) = node.and_then(|n| node_index.get(n))
+            {
+                for (k, v) in &view.gpus {
+                    *nodes[i].requested.entry(k.clone()).or_default() += v;
+                }
+                nodes[i].gpu_pods.push(gpu_pods.len());
+            }
+            gpu_pods.push(view);
+        }
+
+        let mut events: HashMap<EventKey, Vec<&'a Event>> = HashMap::new();
+        for e in &snapshot.events {
+            let o = &e.involved_object;
+            let key = (
+                o.kind.clone().unwrap_or_default(),
+                o.namespace.clone().unwrap_or_default(),
+                o.name.clone().unwrap_or_default(),
+            );
+            events.entry(key).or_default().push(e);
+        }
+        for list in events.values_mut() {
+            list.sort_by_key(|e| std::cmp::Reverse(event_time(e)));
+        }
+        Cluster {
+            snapshot,
+            nodes,
+            node_index,
+            gpu_pods,
+            events,
+            namespaces_on_node,
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeView<'a>> {
+        self.node_index.get(name).map(|&i| &self.nodes[i])
+    }
+
+    pub fn gpu_nodes(&self) -> impl Iterator<Item = &NodeView<'a>> {
+        self.nodes.iter().filter(|n| n.is_gpu)
+    }
+
+    /// Events about an object, newest first.
+    pub fn events_for(&self, kind: &str, namespace: &str, name: &str) -> &[&'a Event] {
+        self.events
+            .get(&(kind.to_string(), namespace.to_string(), name.to_string()))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The newest event about the pod with this reason.
+    pub fn pod_event(&self, pod: &PodView<'_>, reason: &str) -> Option<&'a Event> {
+        self.events_for("Pod", pod.namespace, pod.name)
+            .iter()
+            .copied()
+            .find(|e| e.reason.as_deref() == Some(reason))
+    }
+
+    /// Every event, for rules that scan by reason.
+    pub fn all_events(&self) -> impl Iterator<Item = &'a Event> {
+        self.snapshot.events.iter()
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.snapshot.now
+    }
+}
+
+/// When an event last happened: series, lastTimestamp, eventTime, firstTimestamp, creation.
+pub fn event_time(e: &Event) -> Option<Timestamp> {
+    e.series
+        .as_ref()
+        .and_then(|s| s.last_observed_time.as_ref())
+        .map(|t| t.0)
+        .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| e.event_time.as_ref().map(|t| t.0))
+        .or_else(|| e.first_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// How often the event happened.
+pub fn event_count(e: &Event) -> i32 {
+    e.series
+        .as_ref()
+        .and_then(|s| s.count)
+        .or(e.count)
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// An event as evidence: `FailedScheduling (default-scheduler, 2m ago, x4): <message>`.
+pub fn describe_event(e: &Event, now: Timestamp) -> String {
+    let source = e
+        .reporting_component
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .or_else(|| e.source.as_ref().and_then(|s| s.component.as_deref()))
+        .unwrap_or("unknown source");
+    let when = event_time(e).map_or_else(|| "at an unknown time".into(), |t| ago(now, t));
+    let count = match event_count(e) {
+        1 => String::new(),
+        n => format!(", x{n}"),
+    };
+    format!(
+        "{} ({source}, {when}{count}): {}",
+        e.reason.as_deref().unwrap_or("Event"),
+        e.message.as_deref().unwrap_or("").trim()
+    )
+}
+
+/// Seconds between two times (0 when `then` is in the future).
+pub fn seconds_between(now: Timestamp, then: Timestamp) -> i64 {
+    (now.as_second() - then.as_second()).max(0)
+}
+
+/// `5s ago`, `3m ago`, `2h ago`, `4d ago`.
+pub fn ago(now: Timestamp, then: Timestamp) -> String {
+    format!("{} ago", human_duration(seconds_between(now, then)))
+}
+
+/// `45s`, `3m`, `2h10m`, `4d`.
+pub fn human_duration(s: i64) -> String {
+    match s {
+        s if s < 120 => format!("{s}s"),
+        s if s < 3600 => format!("{}m", s / 60),
+        s if s < 86_400 => match (s % 3600) / 60 {
+            0 => format!("{}h", s / 3600),
+            m => format!("{}h{m}m", s / 3600),
+        },
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// `a, b, c and 4 more`.
+pub fn list_some<T: std::fmt::Display>(items: impl IntoIterator<Item = T>, max: usize) -> String {
+    let all: Vec<String> = items.into_iter().map(|i| i.to_string()).collect();
+    if all.len() <= max {
+        return all.join(", ");
+    }
+    format!("{} and {} more", all[..max].join(", "), all.len() - max)
+}

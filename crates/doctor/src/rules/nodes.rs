@@ -1,0 +1,328 @@
+//! GPU nodes: zero allocatable GPUs (plugin or driver), old drivers, mixed drivers in a pool.
+
+use super::node_model;
+use crate::Options;
+use crate::cluster::{
+    COUNT, Cluster, DRIVER_FULL, DRIVER_MAJOR, MIG_CONFIG_STATE, NodeView, PRODUCT, list_some,
+};
+use crate::finding::{Category, Finding, ObjectRef, Severity};
+use std::collections::BTreeMap;
+
+/// Node labels that name a node pool, most specific first.
+const POOL_LABELS: &[&str] = &[
+    "cloud.google.com/gke-nodepool",
+    "eks.amazonaws.com/nodegroup",
+    "karpenter.sh/nodepool",
+    "kubernetes.azure.com/agentpool",
+    "agentpool",
+    "cluster.x-k8s.io/deployment-name",
+    "node.kubernetes.io/instance-type",
+];
+
+pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for n in c.gpu_nodes() {
+        out.extend(zero_allocatable(n));
+        out.extend(old_driver(n, o));
+    }
+    out.extend(mixed_drivers(c));
+    out
+}
+
+fn driver<'n>(n: &'n NodeView<'_>) -> Option<(&'n str, u32)> {
+    let full = n.label(DRIVER_FULL);
+    let major = n
+        .label(DRIVER_MAJOR)
+        .and_then(|m| m.parse().ok())
+        .or_else(|| {
+            full.and_then(|f| f.split('.').next())
+                .and_then(|m| m.parse().ok())
+        })?;
+    Some((full.or(n.label(DRIVER_MAJOR)).unwrap_or(""), major))
+}
+
+fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
+    if n.allocatable.values().any(|v| *v > 0) {
+        return None;
+    }
+    let mig_state = n.label(MIG_CONFIG_STATE);
+    let capacity: i64 = n.capacity.values().sum();
+    let mut f = Finding::new(
+        Severity::Critical,
+        Category::Node,
+        "zero-allocatable",
+        format!("GPU node {} has no allocatable GPUs", n.name),
+    )
+    .object(ObjectRef::node(n.name))
+    .evidence(format!(
+        "labels: {}={}, {}={}, {}={}",
+        PRODUCT,
+        n.label(PRODUCT).unwrap_or("<absent>"),
+        COUNT,
+        n.label(COUNT).unwrap_or("<absent>"),
+        DRIVER_FULL,
+        n.label(DRIVER_FULL).unwrap_or("<absent>")
+    ))
+    .evidence(format!(
+        "status.capacity: {}; status.allocatable: {}",
+        if n.capacity.is_empty() {
+            "no nvidia.com/ resource".into()
+        } else {
+            crate::resources::describe(&n.capacity)
+        },
+        if n.allocatable.is_empty() {
+            "no nvidia.com/ resource".into()
+        } else {
+            crate::resources::describe(&n.allocatable)
+        },
+    ));
+    for a in &n.agents {
+        let name = a.metadata.name.as_deref().unwrap_or("");
+        let ns = a.metadata.namespace.as_deref().unwrap_or("");
+        let status = a.status.as_ref();
+        let waiting = status
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .find_map(|cs| cs.state.as_ref()?.waiting.as_ref()?.reason.clone());
+        f = f.evidence(format!(
+            "agent pod {ns}/{name}: {}{}",
+            status.and_then(|s| s.phase.as_deref()).unwrap_or("?"),
+            waiting.map(|w| format!(" ({w})")).unwrap_or_default()
+        ));
+        f = f.object(ObjectRef::pod(ns, name));
+    }
+    let agent_hint = match n.agents.first() {
+        Some(a) => format!(
+            "kubectl -n {} logs {}",
+            a.metadata.namespace.as_deref().unwrap_or("NS"),
+            a.metadata.name.as_deref().unwrap_or("POD")
+        ),
+        None => format!(
+            "no agent or device plugin pod runs on {}: check the DaemonSet's nodeSelector/tolerations (kubectl get ds -A -o wide)",
+            n.name
+        ),
+    };
+    if matches!(mig_state, Some("pending" | "rebooting")) {
+        f.severity = Severity::Info;
+        f.title = format!(
+            "GPU node {} has no allocatable GPUs while MIG is being reconfigured",
+            n.name
+        );
+        return Some(f.evidence(format!("{MIG_CONFIG_STATE}={}", mig_state.unwrap_or(""))).fix(
+            "wait for the MIG reconfiguration to finish (the state becomes success); see the MIG finding if it takes long",
+        ));
+    }
+    let fix = if capacity > 0 {
+        f.title = format!(
+            "GPU node {} has {capacity} GPU devices, all unhealthy",
+            n.name
+        );
+        format!(
+            "the device plugin reports every device unhealthy: see the GPUHealthy condition \
+             (kubectl describe node {}) and the agent's log ({agent_hint})",
+            n.name
+        )
+    } else if n.label(DRIVER_FULL).is_none() && n.label(DRIVER_MAJOR).is_none() {
+        f.title = format!(
+            "GPU node {}: no device plugin registered and no driver version label",
+            n.name
+        );
+        format!(
+            "the NVIDIA driver is probably not loaded or the agent is not running: on the node run \
+             `nvidia-smi` (load the driver / install the driver package), then check the agent ({agent_hint})"
+        )
+    } else {
+        f.title = format!(
+            "GPU node {}: the device plugin is not registered with the kubelet",
+            n.name
+        );
+        format!(
+            "the driver is loaded but no nvidia.com/ resource is registered: check the agent ({agent_hint}); \
+             restarting the agent pod re-registers it; the kubelet's device-plugins directory must be mounted"
+        )
+    };
+    Some(f.fix(fix))
+}
+
+fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
+    let (full, major) = driver(n)?;
+    let model = node_model(n);
+    if let Some(m) = model
+        && major < m.min_driver_major
+    {
+        return Some(
+            Finding::new(
+                Severity::Critical,
+                Category::Node,
+                "driver-below-model-minimum",
+                format!("Node {}: driver {full} is older than {} needs", n.name, m.key),
+            )
+            .object(ObjectRef::node(n.name))
+            .evidence(format!("{DRIVER_FULL}={full}; {} needs driver R{} or newer", m.key, m.min_driver_major))
+            .fix(format!(
+                "upgrade the NVIDIA driver on {} to R{} or newer (drain first: kubectl drain {} --ignore-daemonsets)",
+                n.name,
+                m.min_driver_major.max(o.min_driver_major),
+                n.name
+            )),
+        );
+    }
+    (major < o.min_driver_major).then(|| {
+        Finding::new(
+            Severity::Warning,
+            Category::Node,
+            "driver-too-old",
+            format!("Node {}: driver {full} is older than R{}", n.name, o.min_driver_major),
+        )
+        .object(ObjectRef::node(n.name))
+        .evidence(format!("{DRIVER_FULL}={full}"))
+        .fix(format!(
+            "upgrade to a supported branch (R{} or newer): kubectl drain {} --ignore-daemonsets, install the driver, reboot, uncordon",
+            o.min_driver_major, n.name
+        ))
+    })
+}
+
+fn pool_of<'a>(n: &'a NodeView<'_>) -> (String, &'a str) {
+    for key in POOL_LABELS {
+        if let Some(v) = n.label(key) {
+            return ((*key).to_string(), v);
+        }
+    }
+    (PRODUCT.to_string(), n.label(PRODUCT).unwrap_or("unknown"))
+}
+
+fn mixed_drivers(c: &Cluster<'_>) -> Vec<Finding> {
+    // pool -> driver -> nodes
+    let mut pools: BTreeMap<(String, &str), BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+    for n in c.gpu_nodes() {
+        let Some((full, _)) = driver(n) else { continue };
+        pools
+            .entry(pool_of(n))
+            .or_default()
+            .entry(full)
+            .or_default()
+            .push(n.name);
+    }
+    pools
+        .into_iter()
+        .filter(|(_, drivers)| drivers.len() > 1)
+        .map(|((key, pool), drivers)| {
+            let newest = drivers
+                .keys()
+                .max_by_key(|v| v.split('.').map(|p| p.parse::<u64>().unwrap_or(0)).collect::<Vec<_>>())
+                .copied()
+                .unwrap_or("");
+            let stragglers: Vec<&str> = drivers
+                .iter()
+                .filter(|(v, _)| **v != newest)
+                .flat_map(|(_, nodes)| nodes.iter().copied())
+                .collect();
+            let mut f = Finding::new(
+                Severity::Warning,
+                Category::Node,
+                "mixed-drivers",
+                format!("Pool {key}={pool} runs {} different NVIDIA driver versions", drivers.len()),
+            );
+            for (v, nodes) in &drivers {
+                f = f.evidence(format!("{v}: {} node(s): {}", nodes.len(), list_some(nodes, 5)));
+            }
+            f = f.objects(stragglers.iter().take(10).map(|n| ObjectRef::node(n)));
+            f.fix(format!(
+                "upgrade {} to {newest} so jobs behave the same on every node of the pool (CUDA compatibility, NCCL)",
+                list_some(&stragglers, 5)
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testkit::*;
+
+    #[test]
+    fn zero_allocatable_and_its_look_alikes() {
+        // No plugin registered, driver label present.
+        let mut a = node("gpu-1");
+        label(&mut a, "nvidia.com/gpu.present", "true");
+        label(&mut a, "nvidia.com/cuda.driver-version.full", "550.107.02");
+        let f = run(&snapshot(vec![a], vec![], vec![]));
+        let got = one(&f, "zero-allocatable");
+        assert!(got.title.contains("not registered"), "{got:#?}");
+
+        // No driver label: the driver.
+        let mut b = node("gpu-2");
+        label(&mut b, "nvidia.com/gpu.present", "true");
+        assert!(
+            one(&run(&snapshot(vec![b], vec![], vec![])), "zero-allocatable")
+                .fix
+                .contains("nvidia-smi")
+        );
+
+        // Capacity but nothing allocatable: unhealthy devices.
+        let mut c = gpu_node("gpu-3", "nvidia.com/gpu", 8);
+        set_resource(&mut c, "nvidia.com/gpu", 8, 0);
+        assert!(
+            one(&run(&snapshot(vec![c], vec![], vec![])), "zero-allocatable")
+                .title
+                .contains("all unhealthy")
+        );
+
+        // MIG being reconfigured: info.
+        let mut d = gpu_node("gpu-4", "nvidia.com/gpu", 0);
+        label(&mut d, "nvidia.com/mig.config.state", "pending");
+        assert_eq!(
+            one(&run(&snapshot(vec![d], vec![], vec![])), "zero-allocatable").severity,
+            crate::Severity::Info
+        );
+
+        // Look-alikes: all GPUs allocated; a CPU node.
+        let full = gpu_node("gpu-5", "nvidia.com/gpu", 8);
+        let p = running(pod("ml", "all", &[("nvidia.com/gpu", 8)]), "gpu-5");
+        let f = run(&snapshot(vec![full, node("cpu-1")], vec![p], vec![]));
+        assert!(with_code(&f, "zero-allocatable").is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn drivers_old_below_minimum_and_mixed() {
+        let mut old = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+        label(&mut old, "nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB");
+        label(&mut old, "nvidia.com/cuda.driver-version.full", "525.60.13");
+        label(&mut old, "nvidia.com/cuda.driver-version.major", "525");
+        let f = run(&snapshot(vec![old.clone()], vec![], vec![]));
+        assert_eq!(one(&f, "driver-too-old").severity, crate::Severity::Warning);
+
+        let mut h200 = gpu_node("gpu-2", "nvidia.com/gpu", 8);
+        label(&mut h200, "nvidia.com/gpu.product", "NVIDIA-H200");
+        label(
+            &mut h200,
+            "nvidia.com/cuda.driver-version.full",
+            "535.183.01",
+        );
+        label(&mut h200, "nvidia.com/cuda.driver-version.major", "535");
+        let f = run(&snapshot(vec![h200], vec![], vec![]));
+        assert!(one(&f, "driver-below-model-minimum").fix.contains("R550"));
+
+        let mut a = gpu_node("a", "nvidia.com/gpu", 8);
+        let mut b = gpu_node("b", "nvidia.com/gpu", 8);
+        let mut c = gpu_node("c", "nvidia.com/gpu", 8);
+        for n in [&mut a, &mut b, &mut c] {
+            label(n, "karpenter.sh/nodepool", "h100");
+        }
+        label(&mut c, "nvidia.com/cuda.driver-version.full", "550.54.15");
+        let f = run(&snapshot(vec![a.clone(), b.clone(), c], vec![], vec![]));
+        let got = one(&f, "mixed-drivers");
+        assert!(got.fix.contains("upgrade c to 550.107.02"), "{}", got.fix);
+
+        // Look-alike: same versions; different versions in different pools.
+        let mut d = gpu_node("d", "nvidia.com/gpu", 8);
+        label(&mut d, "karpenter.sh/nodepool", "other");
+        label(&mut d, "nvidia.com/cuda.driver-version.full", "550.54.15");
+        let f = run(&snapshot(vec![a, b, d], vec![], vec![]));
+        assert!(
+            with_code(&f, "mixed-drivers").is_empty() && with_code(&f, "driver-too-old").is_empty(),
+            "{f:#?}"
+        );
+    }
+}

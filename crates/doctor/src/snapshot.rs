@@ -1,0 +1,71 @@
+//! The doctor's input: plain Kubernetes objects, metric samples and log excerpts, taken at `now`.
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// One metric sample (`name{labels} value`), from an agent's exposition or a Prometheus query.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    /// The node: DCGM's `Hostname` (renamed `hostname` in dcgm-exporter 4.6), else Prometheus's
+    /// `node` or `instance` target label.
+    pub fn host(&self) -> Option<&str> {
+        ["Hostname", "hostname", "node", "kubernetes_node"]
+            .iter()
+            .find_map(|k| self.label(k))
+    }
+}
+
+/// The last lines of one container's log (the current or the previous instance).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LogExcerpt {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// From the previous (crashed) instance of the container.
+    pub previous: bool,
+    pub text: String,
+}
+
+/// Everything the rules look at. Build it with one list per kind; the rules never call out.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub nodes: Vec<Node>,
+    pub pods: Vec<Pod>,
+    pub events: Vec<Event>,
+    pub metrics: Vec<Sample>,
+    /// The window `DCGM_FI_DEV_GPU_UTIL` samples were averaged over (`None`: instant values, as an
+    /// agent's exposition gives).
+    pub utilization_window: Option<Duration>,
+    pub logs: Vec<LogExcerpt>,
+    pub now: Timestamp,
+}
+
+impl Snapshot {
+    /// An empty cluster at `now`.
+    pub fn at(now: Timestamp) -> Snapshot {
+        Snapshot {
+            nodes: Vec::new(),
+            pods: Vec::new(),
+            events: Vec::new(),
+            metrics: Vec::new(),
+            utilization_window: None,
+            logs: Vec::new(),
+            now,
+        }
+    }
+}

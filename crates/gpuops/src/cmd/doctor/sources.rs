@@ -1,0 +1,151 @@
+//! Where metric samples come from: a Prometheus URL, agents' `/metrics` URLs, or the agent pods
+//! through the API server's pod proxy.
+
+use super::http;
+use anyhow::{Context, Result};
+use gpuops_doctor::Sample;
+use gpuops_doctor::metrics::{parse_exposition, parse_prometheus};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use std::time::Duration;
+
+/// The series the doctor and `top` read.
+const SERIES: &str = "{__name__=~\"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_FB_RESERVED|gpuops_device_allocated|gpuops_device_healthy|gpuops_xid_errors_total|gpuops_node_gpus|gpuops_node_gpus_healthy\"}";
+
+/// Metric source flags, shared by `doctor` and `top`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MetricsArgs {
+    /// Prometheus base URL (http://HOST:9090) to read GPU metrics from.
+    #[arg(long, value_name = "URL", env = "GPUOPS_PROMETHEUS")]
+    pub prometheus: Option<String>,
+    /// An agent's metrics URL (http://NODE:9400/metrics); repeatable.
+    #[arg(long = "metrics", value_name = "URL")]
+    pub metrics: Vec<String>,
+    /// Scrape every gpuops agent pod through the API server's pod proxy.
+    #[arg(long, value_enum, value_name = "FROM")]
+    pub metrics_from: Option<MetricsFrom>,
+    /// Label selector of the agent pods for --metrics-from agents.
+    #[arg(
+        long,
+        default_value = "app.kubernetes.io/name=gpuops",
+        value_name = "SELECTOR"
+    )]
+    pub agent_selector: String,
+    /// The agents' metrics port for --metrics-from agents.
+    #[arg(long, default_value_t = 9400, value_name = "PORT")]
+    pub agent_port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricsFrom {
+    /// The agent pods' /metrics, through the API server.
+    Agents,
+}
+
+/// Samples, plus the window utilization is averaged over and a description of where they came from.
+pub struct Collected {
+    pub samples: Vec<Sample>,
+    pub utilization_window: Option<Duration>,
+    pub from: Vec<String>,
+}
+
+impl MetricsArgs {
+    pub fn any(&self) -> bool {
+        self.prometheus.is_some() || !self.metrics.is_empty() || self.metrics_from.is_some()
+    }
+}
+
+/// Reads what the flags name. `averaged` also asks Prometheus for the last hour's mean utilization.
+pub async fn collect(
+    args: &MetricsArgs,
+    client: Option<&Client>,
+    averaged: Option<Duration>,
+) -> Result<Collected> {
+    let mut out = Collected {
+        samples: Vec::new(),
+        utilization_window: None,
+        from: Vec::new(),
+    };
+    if let Some(base) = &args.prometheus {
+        let base = base.trim_end_matches('/').to_string();
+        let (samples, window) = tokio::task::spawn_blocking(move || prometheus(&base, averaged))
+            .await
+            .context("reading Prometheus")??;
+        out.from
+            .push(format!("{} samples from Prometheus", samples.len()));
+        out.samples.extend(samples);
+        out.utilization_window = window;
+    }
+    for url in &args.metrics {
+        let u = url.clone();
+        let text = tokio::task::spawn_blocking(move || http::get(&u))
+            .await
+            .context("scraping")??;
+        let samples = parse_exposition(&text).with_context(|| format!("parsing {url}"))?;
+        out.from
+            .push(format!("{} samples from {url}", samples.len()));
+        out.samples.extend(samples);
+    }
+    if args.metrics_from == Some(MetricsFrom::Agents) {
+        let client = client.context("--metrics-from agents needs the cluster")?;
+        let samples = agents(client, &args.agent_selector, args.agent_port).await?;
+        out.from
+            .push(format!("{} samples from agent pods", samples.len()));
+        out.samples.extend(samples);
+    }
+    Ok(out)
+}
+
+fn query(base: &str, q: &str, default_name: &str) -> Result<Vec<Sample>> {
+    let url = format!("{base}/api/v1/query?query={}", http::encode(q));
+    let body = http::get(&url)?;
+    parse_prometheus(&body, default_name).with_context(|| format!("Prometheus query {q}"))
+}
+
+fn prometheus(base: &str, averaged: Option<Duration>) -> Result<(Vec<Sample>, Option<Duration>)> {
+    let mut samples = query(base, SERIES, "unknown")?;
+    let mut window = None;
+    if let Some(w) = averaged {
+        let minutes = (w.as_secs() / 60).max(1);
+        let avg = query(
+            base,
+            &format!("avg_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=\"\"}}[{minutes}m])"),
+            "DCGM_FI_DEV_GPU_UTIL",
+        )?;
+        if !avg.is_empty() {
+            // The averages replace the instant utilization of pods' GPUs.
+            samples.retain(|s| !(s.name == "DCGM_FI_DEV_GPU_UTIL" && s.label("pod").is_some()));
+            samples.extend(avg);
+            window = Some(w);
+        }
+    }
+    Ok((samples, window))
+}
+
+async fn agents(client: &Client, selector: &str, port: u16) -> Result<Vec<Sample>> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let list = pods
+        .list(&ListParams::default().labels(selector))
+        .await
+        .with_context(|| format!("listing agent pods ({selector})"))?;
+    let mut out = Vec::new();
+    for p in list.items {
+        let (Some(ns), Some(name)) = (p.metadata.namespace.as_deref(), p.metadata.name.as_deref())
+        else {
+            continue;
+        };
+        let path = format!("/api/v1/namespaces/{ns}/pods/{name}:{port}/proxy/metrics");
+        let req = ::http::Request::get(&path)
+            .body(Vec::new())
+            .context("building the proxy request")?;
+        match client.request_text(req).await {
+            Ok(text) => match parse_exposition(&text) {
+                Ok(s) => out.extend(s),
+                Err(e) => tracing::warn!("agent {ns}/{name}: {e}"),
+            },
+            Err(e) => tracing::warn!("scraping agent {ns}/{name}: {e}"),
+        }
+    }
+    Ok(out)
+}

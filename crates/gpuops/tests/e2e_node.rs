@@ -1,0 +1,575 @@
+//! The agent on a Kubernetes node (the real apiserver and scheduler, the kubelet's real device
+//! manager in the harness): GFD-compatible feature labels, the GPUHealthy condition and taint, and
+//! the MIG label flow that replaces NVIDIA's MIG manager.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod common;
+
+use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, wait_until};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(
+        cluster: &Cluster,
+        node: &HarnessNode,
+        log: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
+        let out = std::fs::File::create(log).unwrap();
+        let mut cmd = common::gpuops();
+        cmd.arg("agent")
+            .args(args)
+            .args([
+                "--interval",
+                "1s",
+                "--node-name",
+                &node.name,
+                "--kubernetes",
+            ])
+            .arg("--device-plugin-dir")
+            .arg(node.plugin_dir())
+            .arg("--pod-resources-socket")
+            .arg(node.pod_resources_socket())
+            .env("KUBECONFIG", cluster.kubeconfig())
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        // Its own process group: killing the group also kills a `gpuops mig apply` it started.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        Agent {
+            child: cmd.spawn().unwrap(),
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills the agent and everything it started at once, as a node crash would.
+    fn crash(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn node_json(cluster: &Cluster, node: &str) -> serde_json::Value {
+    cluster.get_json(&["node", node]).unwrap()
+}
+
+fn labels(cluster: &Cluster, node: &str) -> BTreeMap<String, String> {
+    node_json(cluster, node)["metadata"]["labels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn allocatable(cluster: &Cluster, node: &str, resource: &str) -> i64 {
+    node_json(cluster, node)["status"]["allocatable"][resource]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn condition(cluster: &Cluster, node: &str) -> Option<serde_json::Value> {
+    node_json(cluster, node)["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "GPUHealthy")
+        .cloned()
+}
+
+fn taints(cluster: &Cluster, node: &str) -> Vec<String> {
+    node_json(cluster, node)["spec"]["taints"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| {
+                    format!(
+                        "{}={}:{}",
+                        t["key"].as_str().unwrap_or(""),
+                        t["value"].as_str().unwrap_or(""),
+                        t["effect"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn node_events(cluster: &Cluster, node: &str) -> Vec<String> {
+    let v = cluster
+        .get_json(&[
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            &format!("involvedObject.name={node}"),
+        ])
+        .unwrap();
+    v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e["reason"].as_str().unwrap_or(""),
+                e["message"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn feature_labels_follow_gfd_and_a_fatal_xid_sets_the_condition_and_taint_until_recovery() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    let node = HarnessNode::start(&cluster, "gpu-node").unwrap();
+    cluster
+        .kubectl(&["label", "node", "gpu-node", "team=vision"])
+        .unwrap();
+    let state = cluster.dir().join("sim");
+    let state_s = state.to_str().unwrap().to_string();
+    let o = common::run(&["sim", "init", "--fleet", "l4x4", "--state", &state_s]);
+    assert!(o.status.success(), "{}", common::text(&o));
+
+    // First with MIG_STRATEGY=single: GFD then writes nvidia.com/mig.strategy.
+    let log1 = cluster.dir().join("agent-1.log");
+    let mut agent = Agent::start(
+        &cluster,
+        &node,
+        &log1,
+        &["--sim-state", &state_s],
+        &[("MIG_STRATEGY", "single")],
+    );
+    wait_until("feature labels", Duration::from_secs(60), || {
+        labels(&cluster, "gpu-node")
+            .get("nvidia.com/mig.strategy")
+            .map(String::as_str)
+            == Some("single")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    drop(agent);
+
+    let log2 = cluster.dir().join("agent-2.log");
+    agent = Agent::start(
+        &cluster,
+        &node,
+        &log2,
+        &[
+            "--sim-state",
+            &state_s,
+            "--taint-unhealthy",
+            "--health-quiet-period",
+            "4s",
+        ],
+        &[],
+    );
+    wait_until(
+        "the single-strategy label removed",
+        Duration::from_secs(60),
+        || !labels(&cluster, "gpu-node").contains_key("nvidia.com/mig.strategy"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+
+    // The labels are exactly what GFD computes for this node (the crate's tests compare that
+    // to NVIDIA's label sets), plus gpu.present and the timestamp; the user's label is kept.
+    let node_labels = labels(&cluster, "gpu-node");
+    let o = common::run(&["inventory", "--sim-state", &state_s, "-o", "json"]);
+    let inv: gpuops_inventory::Inventory = serde_json::from_slice(&o.stdout).unwrap();
+    let config = gpuops_resources::config::Config::effective(
+        None,
+        &gpuops_resources::config::Overrides::default(),
+        &gpuops_resources::config::Overrides::default(),
+    )
+    .unwrap();
+    let mut expected =
+        gpuops_labels::gfd_labels(&inv, &config, &gpuops_labels::LabelContext::default()).unwrap();
+    expected.insert("nvidia.com/gpu.present".into(), "true".into());
+    let ours: BTreeMap<String, String> = node_labels
+        .iter()
+        .filter(|(k, _)| k.starts_with("nvidia.com/") && k.as_str() != "nvidia.com/gfd.timestamp")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(ours, expected);
+    assert_eq!(node_labels["nvidia.com/gpu.product"], "NVIDIA-L4");
+    assert_eq!(node_labels["nvidia.com/gpu.count"], "4");
+    assert_eq!(
+        node_labels["nvidia.com/cuda.driver-version.full"],
+        "580.105.08"
+    );
+    assert!(node_labels.contains_key("nvidia.com/gfd.timestamp"));
+    assert_eq!(node_labels["team"], "vision", "labels of others stay");
+    let healthy = condition(&cluster, "gpu-node").unwrap();
+    assert_eq!(healthy["status"], "True", "{healthy}");
+
+    // XID 79 on GPU 2: condition False with the XID and the action, taint on; recovery clears both.
+    let o = common::run(&[
+        "sim", "xid", "--state", &state_s, "--gpu", "2", "--xid", "79",
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    wait_until(
+        "GPUHealthy=False and the taint",
+        Duration::from_secs(30),
+        || {
+            condition(&cluster, "gpu-node").is_some_and(|c| c["status"] == "False")
+                && taints(&cluster, "gpu-node")
+                    .iter()
+                    .any(|t| t.starts_with("gpuops.io/gpu-unhealthy="))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let c = condition(&cluster, "gpu-node").unwrap();
+    assert_eq!(c["reason"], "XidError", "{c}");
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("79") && message.contains("GPU 2"),
+        "{message}"
+    );
+    assert!(
+        taints(&cluster, "gpu-node")
+            .contains(&"gpuops.io/gpu-unhealthy=XidError:NoSchedule".to_string())
+    );
+    wait_until(
+        "recovery after the quiet period",
+        Duration::from_secs(30),
+        || {
+            condition(&cluster, "gpu-node").is_some_and(|c| c["status"] == "True")
+                && taints(&cluster, "gpu-node").is_empty()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+
+    // A non-fatal XID (13, an application fault) is not a node problem.
+    let o = common::run(&[
+        "sim", "xid", "--state", &state_s, "--gpu", "1", "--xid", "13",
+    ]);
+    assert!(o.status.success());
+    // A GPU off the bus: GPULost until it is back.
+    let o = common::run(&["sim", "lost", "--state", &state_s, "--gpu", "3"]);
+    assert!(o.status.success());
+    wait_until("GPULost", Duration::from_secs(30), || {
+        condition(&cluster, "gpu-node")
+            .is_some_and(|c| c["status"] == "False" && c["reason"] == "GPULost")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let o = common::run(&["sim", "reset", "--state", &state_s, "--gpu", "3"]);
+    assert!(o.status.success());
+    wait_until("back after the reset", Duration::from_secs(30), || {
+        condition(&cluster, "gpu-node").is_some_and(|c| c["status"] == "True")
+            && taints(&cluster, "gpu-node").is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+}
+
+const MIG_CONFIGS: &str = "version: v1
+mig-configs:
+  all-disabled:
+  - devices: all
+    mig-enabled: false
+  all-1g.10gb:
+  - devices: all
+    mig-enabled: true
+    mig-devices:
+      1g.10gb: 7
+  too-big:
+  - devices: all
+    mig-enabled: true
+    mig-devices:
+      3g.40gb: 2
+      2g.20gb: 1
+";
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_mig_label_flow_applies_configs_survives_bad_ones_busy_gpus_and_a_crash() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    let node = HarnessNode::start(&cluster, "mig-node").unwrap();
+    let fleet = cluster.dir().join("a100.yaml");
+    std::fs::write(&fleet, "gpus:\n- model: A100-SXM4-80GB\n  count: 1\n").unwrap();
+    let state = cluster.dir().join("sim");
+    let state_s = state.to_str().unwrap().to_string();
+    let o = common::run(&[
+        "sim",
+        "init",
+        "--fleet",
+        fleet.to_str().unwrap(),
+        "--state",
+        &state_s,
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let configs = cluster.dir().join("mig-configs.yaml");
+    std::fs::write(&configs, MIG_CONFIGS).unwrap();
+    let configs_s = configs.to_str().unwrap().to_string();
+    let args = [
+        "--sim-state",
+        &state_s,
+        "--mig-config-file",
+        &configs_s,
+        "--mig-drain-timeout",
+        "4s",
+        "--mig-retry",
+        "2s",
+    ];
+    let env = [("MIG_STRATEGY", "mixed")];
+    let mut agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent-1.log"),
+        &args,
+        &env,
+    );
+    wait_until("one whole GPU", Duration::from_secs(60), || {
+        allocatable(&cluster, "mig-node", "nvidia.com/gpu") == 1
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let state_label = || {
+        labels(&cluster, "mig-node")
+            .get("nvidia.com/mig.config.state")
+            .cloned()
+    };
+
+    // The seed's flow: label the node, the state goes pending -> success, allocatable follows.
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            "mig-node",
+            "nvidia.com/mig.config=all-1g.10gb",
+        ])
+        .unwrap();
+    wait_until("7x mig-1g.10gb", Duration::from_secs(60), || {
+        state_label().as_deref() == Some("success")
+            && allocatable(&cluster, "mig-node", "nvidia.com/mig-1g.10gb") == 7
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    assert_eq!(allocatable(&cluster, "mig-node", "nvidia.com/gpu"), 0);
+    let events = node_events(&cluster, "mig-node");
+    assert!(
+        events.iter().any(|e| e.starts_with("MIGConfigPending:")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.starts_with("MIGConfigApplied:")),
+        "{events:?}"
+    );
+
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: mig-pod\n  namespace: default\nspec:\n  containers:\n  - name: c\n    image: example.invalid/app:1\n    resources:\n      limits:\n        nvidia.com/mig-1g.10gb: \"1\"\n";
+    cluster.apply(pod).unwrap();
+    wait_until("the MIG pod running", Duration::from_secs(60), || {
+        cluster
+            .kubectl(&["get", "pod", "mig-pod", "-o", "jsonpath={.status.phase}"])
+            .is_ok_and(|s| s == "Running")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+
+    // An infeasible config: failed with the slice explanation, nothing withdrawn.
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            "mig-node",
+            "--overwrite",
+            "nvidia.com/mig.config=too-big",
+        ])
+        .unwrap();
+    wait_until("state failed", Duration::from_secs(60), || {
+        state_label().as_deref() == Some("failed")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let reason =
+        node_json(&cluster, "mig-node")["metadata"]["annotations"]["gpuops.io/mig.config.reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+    assert!(
+        reason.contains("too-big") && reason.contains("slices"),
+        "{reason}"
+    );
+    assert_eq!(
+        allocatable(&cluster, "mig-node", "nvidia.com/mig-1g.10gb"),
+        7,
+        "the node stays usable"
+    );
+    assert!(
+        node_events(&cluster, "mig-node")
+            .iter()
+            .any(|e| e.starts_with("MIGConfigFailed:") && e.contains("slices"))
+    );
+
+    // The ConfigMap is fixed (too-big becomes feasible): picked up without a label change, but the
+    // running pod holds a GPU instance: the drain times out, failed, resources come back.
+    std::fs::write(&configs, MIG_CONFIGS.replace("      2g.20gb: 1\n", "")).unwrap();
+    wait_until("the drain timing out", Duration::from_secs(60), || {
+        state_label().as_deref() == Some("failed")
+            && node_json(&cluster, "mig-node")["metadata"]["annotations"]["gpuops.io/mig.config.reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("timed out") && r.contains("default/mig-pod"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    wait_until(
+        "resources back after the timeout",
+        Duration::from_secs(30),
+        || allocatable(&cluster, "mig-node", "nvidia.com/mig-1g.10gb") == 7,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+
+    // The pod goes: the retry (same label) succeeds.
+    cluster
+        .kubectl(&["delete", "pod", "mig-pod", "--wait=false"])
+        .unwrap();
+    wait_until(
+        "2x mig-3g.40gb after the retry",
+        Duration::from_secs(90),
+        || {
+            state_label().as_deref() == Some("success")
+                && allocatable(&cluster, "mig-node", "nvidia.com/mig-3g.40gb") == 2
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+
+    // A crash in the middle of a change: slow steps, kill everything, start again: it converges.
+    agent.crash();
+    let slow_env = [("MIG_STRATEGY", "mixed"), ("GPUOPS_MIG_STEP_DELAY", "2s")];
+    agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent-2.log"),
+        &args,
+        &slow_env,
+    );
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            "mig-node",
+            "--overwrite",
+            "nvidia.com/mig.config=all-1g.10gb",
+        ])
+        .unwrap();
+    wait_until("the change under way", Duration::from_secs(60), || {
+        state_label().as_deref() == Some("pending")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    std::thread::sleep(Duration::from_secs(3));
+    agent.crash();
+    let _agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent-3.log"),
+        &args,
+        &env,
+    );
+    wait_until(
+        "converged after the restart",
+        Duration::from_secs(90),
+        || {
+            state_label().as_deref() == Some("success")
+                && allocatable(&cluster, "mig-node", "nvidia.com/mig-1g.10gb") == 7
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", _agent.log()));
+    let o = common::run(&[
+        "mig",
+        "assert",
+        "-f",
+        &configs_s,
+        "-c",
+        "all-1g.10gb",
+        "--sim-state",
+        &state_s,
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+}
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn a_default_mig_layout_is_in_place_before_the_gpus_are_advertised() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    let node = HarnessNode::start(&cluster, "fresh-node").unwrap();
+    let fleet = cluster.dir().join("a100.yaml");
+    std::fs::write(&fleet, "gpus:\n- model: A100-SXM4-80GB\n  count: 2\n").unwrap();
+    let state = cluster.dir().join("sim");
+    let state_s = state.to_str().unwrap().to_string();
+    assert!(
+        common::run(&[
+            "sim",
+            "init",
+            "--fleet",
+            fleet.to_str().unwrap(),
+            "--state",
+            &state_s
+        ])
+        .status
+        .success()
+    );
+    let configs = cluster.dir().join("mig-configs.yaml");
+    std::fs::write(&configs, MIG_CONFIGS).unwrap();
+    let agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent.log"),
+        &[
+            "--sim-state",
+            &state_s,
+            "--mig-config-file",
+            configs.to_str().unwrap(),
+            "--mig-default-config",
+            "all-1g.10gb",
+        ],
+        &[("MIG_STRATEGY", "mixed")],
+    );
+    let mut seen_whole = false;
+    wait_until(
+        "14x mig-1g.10gb from the default",
+        Duration::from_secs(60),
+        || {
+            seen_whole |= allocatable(&cluster, "fresh-node", "nvidia.com/gpu") > 0;
+            allocatable(&cluster, "fresh-node", "nvidia.com/mig-1g.10gb") == 14
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    assert!(
+        !seen_whole,
+        "whole GPUs were advertised before the default layout:\n{}",
+        agent.log()
+    );
+    assert_eq!(
+        labels(&cluster, "fresh-node")
+            .get("nvidia.com/mig.config.state")
+            .map(String::as_str),
+        Some("success")
+    );
+}

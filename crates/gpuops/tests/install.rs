@@ -1,0 +1,963 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Installing gpuops: the Helm chart deploy/helm/gpuops and `gpuops manifests`.
+//!
+//! Without a cluster: `gpuops manifests` parses and has the DaemonSet with its tolerations, host
+//! mounts, resources, priority class and security context, and the least-privilege ClusterRole;
+//! the chart's MIG config is NVIDIA's default configs as gpuops-mig renders them, its alert rules
+//! are deploy/prometheus/gpuops-rules.yaml, its appVersion is the crate's version.
+//!
+//! Against the real control plane (ignored; scripts/test runs them): `helm template` (Helm built
+//! from its Go module by tests/k8s/build.sh) renders the same objects as `gpuops manifests`, for
+//! the defaults and for non-default values; `helm install` and `gpuops manifests | kubectl apply`
+//! install into the real apiserver; and the agent's ServiceAccount, with a token from the
+//! TokenRequest API, can do exactly what the agent needs and nothing else. The DaemonSet's pods
+//! never run there (no kubelet runs them), so the agent itself is not started here.
+//!
+//! `GPUOPS_BLESS=1` rewrites deploy/helm/gpuops/files/default-mig-config.yaml from gpuops-mig.
+
+mod common;
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn chart() -> PathBuf {
+    repo().join("deploy/helm/gpuops")
+}
+
+/// A multi-document YAML stream as JSON values (empty documents dropped).
+fn docs(text: &str) -> Vec<Value> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).expect("valid YAML stream");
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+/// `gpuops manifests ARGS` as objects.
+fn manifests(args: &[&str]) -> Vec<Value> {
+    let mut full = vec!["manifests"];
+    full.extend_from_slice(args);
+    let out = common::run(&full);
+    assert!(
+        out.status.success(),
+        "gpuops {full:?}: {}",
+        common::text(&out)
+    );
+    docs(&String::from_utf8(out.stdout).unwrap())
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in {:#?}", kinds(objects)))
+}
+
+fn kinds(objects: &[Value]) -> Vec<String> {
+    objects
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap_or("?"),
+                o["metadata"]["name"].as_str().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+fn container(ds: &Value) -> &Value {
+    &ds["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn args_of(ds: &Value) -> Vec<String> {
+    container(ds)["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn env_of(ds: &Value, name: &str) -> Option<Value> {
+    container(ds)["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .cloned()
+}
+
+/// mountPath -> host path of every hostPath mount.
+fn host_mounts(ds: &Value) -> Vec<(String, String, bool)> {
+    let spec = &ds["spec"]["template"]["spec"];
+    let volumes = spec["volumes"].as_array().unwrap();
+    container(ds)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let v = volumes.iter().find(|v| v["name"] == m["name"])?;
+            let host = v["hostPath"]["path"].as_str()?;
+            Some((
+                m["mountPath"].as_str().unwrap().to_string(),
+                host.to_string(),
+                m["readOnly"] == true,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn manifests_render_the_agent_daemonset() {
+    let objects = manifests(&[]);
+    assert_eq!(
+        kinds(&objects),
+        [
+            "ServiceAccount/gpuops",
+            "ConfigMap/gpuops-mig-config",
+            "ClusterRole/gpuops",
+            "ClusterRoleBinding/gpuops",
+            "Service/gpuops-metrics",
+            "DaemonSet/gpuops",
+        ]
+    );
+    for o in &objects {
+        let labels = &o["metadata"]["labels"];
+        assert_eq!(labels["app.kubernetes.io/name"], "gpuops", "{o}");
+        assert_eq!(labels["app.kubernetes.io/instance"], "gpuops", "{o}");
+        assert_eq!(
+            labels["app.kubernetes.io/version"],
+            env!("CARGO_PKG_VERSION")
+        );
+        if !o["kind"].as_str().unwrap().starts_with("ClusterRole") {
+            assert_eq!(o["metadata"]["namespace"], "gpuops", "{o}");
+        }
+    }
+
+    let ds = find(&objects, "DaemonSet", "gpuops");
+    let pod = &ds["spec"]["template"]["spec"];
+    let tolerations = pod["tolerations"].as_array().unwrap();
+    for key in ["nvidia.com/gpu", "gpuops.io/gpu-unhealthy"] {
+        assert!(
+            tolerations
+                .contains(&json!({"key": key, "operator": "Exists", "effect": "NoSchedule"})),
+            "toleration of {key}: {tolerations:?}"
+        );
+    }
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(
+        pod["nodeSelector"],
+        json!({"nvidia.com/gpu.present": "true"})
+    );
+    assert_eq!(pod["serviceAccountName"], "gpuops");
+    let c = container(ds);
+    assert_eq!(
+        c["image"],
+        format!("ghcr.io/gpuops/gpuops:{}", env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(c["command"], json!(["gpuops"]));
+    assert_eq!(
+        c["resources"],
+        json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}})
+    );
+    assert_eq!(
+        c["ports"],
+        json!([{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}])
+    );
+    let args = args_of(ds);
+    for a in [
+        "agent",
+        "--kubernetes",
+        "--interval=10s",
+        "--health-quiet-period=5m",
+        "--hostname-label=Hostname",
+        "--metrics-address=0.0.0.0:9400",
+        "--nvidia-driver-root=/",
+        "--mig-config-file=/etc/gpuops/mig/config.yaml",
+        "--taint-key=gpuops.io/gpu-unhealthy",
+    ] {
+        assert!(args.contains(&a.to_string()), "{a} in {args:?}");
+    }
+    for a in ["--taint-unhealthy", "--no-metrics", "--no-device-plugin"] {
+        assert!(!args.iter().any(|x| x == a), "{a} not in {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--mig-default-config")));
+    assert_eq!(
+        env_of(ds, "NODE_NAME").unwrap()["valueFrom"],
+        json!({"fieldRef": {"fieldPath": "spec.nodeName"}})
+    );
+    assert!(env_of(ds, "MIG_STRATEGY").is_none(), "not set by default");
+
+    let mounts = host_mounts(ds);
+    for (path, host, ro) in [
+        (
+            "/var/lib/kubelet/device-plugins",
+            "/var/lib/kubelet/device-plugins",
+            false,
+        ),
+        (
+            "/var/lib/kubelet/pod-resources",
+            "/var/lib/kubelet/pod-resources",
+            true,
+        ),
+        ("/dev", "/dev", false),
+        ("/var/lib/gpuops", "/var/lib/gpuops", false),
+    ] {
+        assert!(
+            mounts.contains(&(path.into(), host.into(), ro)),
+            "{path} from {host} (read-only {ro}) in {mounts:?}"
+        );
+    }
+    assert!(
+        !mounts.iter().any(|m| m.0 == "/driver-root"),
+        "driver root / is not mounted"
+    );
+    let cm_mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "mig-config")
+        .unwrap();
+    assert_eq!(cm_mount["mountPath"], "/etc/gpuops/mig");
+    // MIG management on (the default): privileged, as NVML's MIG calls need.
+    assert_eq!(
+        c["securityContext"],
+        json!({"runAsUser": 0, "readOnlyRootFilesystem": true, "privileged": true})
+    );
+
+    let cm = find(&objects, "ConfigMap", "gpuops-mig-config");
+    let mig = cm["data"]["config.yaml"].as_str().unwrap();
+    let parsed = gpuops_mig::config::parse(mig, "the ConfigMap").unwrap();
+    assert!(
+        parsed.names().contains(&"all-1g.10gb"),
+        "{:?}",
+        parsed.names()
+    );
+
+    let role = find(&objects, "ClusterRole", "gpuops");
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ])
+    );
+    let binding = find(&objects, "ClusterRoleBinding", "gpuops");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "gpuops", "namespace": "gpuops"}])
+    );
+    let svc = find(&objects, "Service", "gpuops-metrics");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9400);
+}
+
+#[test]
+fn manifests_without_mig_are_unprivileged() {
+    let objects = manifests(&["--no-mig", "--namespace", "gpu-system"]);
+    assert!(!kinds(&objects).iter().any(|k| k.contains("mig-config")));
+    let ds = find(&objects, "DaemonSet", "gpuops");
+    assert_eq!(ds["metadata"]["namespace"], "gpu-system");
+    assert_eq!(
+        container(ds)["securityContext"],
+        json!({
+            "runAsUser": 0, "readOnlyRootFilesystem": true, "privileged": false,
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+        })
+    );
+    assert!(!args_of(ds).iter().any(|a| a.starts_with("--mig-")));
+    assert!(!host_mounts(ds).iter().any(|m| m.0 == "/var/lib/gpuops"));
+}
+
+#[test]
+fn manifests_flags_and_set_change_the_values() {
+    let objects = manifests(&[
+        "--image",
+        "registry.local:5000/gpuops:dev",
+        "--taint-unhealthy",
+        "--mig-default-config",
+        "all-balanced",
+        "--service-monitor",
+        "--prometheus-rule",
+        "--create-namespace",
+        "--set",
+        "driverRoot=/run/nvidia/driver,migStrategy=mixed,metrics.port=9500",
+        "--set",
+        "passDeviceSpecs=false,deviceSplitCount=4",
+        "--set",
+        r"nodeSelector.nvidia\.com/gpu\.present=null",
+        "--set-string",
+        r"nodeSelector.feature\.node\.kubernetes\.io/pci-10de\.present=true",
+        "--set-string",
+        "devicePlugin.configs.default=version: v1\nflags:\n  migStrategy: mixed\n",
+    ]);
+    assert_eq!(objects[0]["kind"], "Namespace");
+    let ds = find(&objects, "DaemonSet", "gpuops");
+    assert_eq!(container(ds)["image"], "registry.local:5000/gpuops:dev");
+    let args = args_of(ds);
+    for a in [
+        "--taint-unhealthy",
+        "--mig-default-config=all-balanced",
+        "--nvidia-driver-root=/run/nvidia/driver",
+        "--metrics-address=0.0.0.0:9500",
+        "--config-dir=/etc/gpuops/device-plugin",
+    ] {
+        assert!(args.contains(&a.to_string()), "{a} in {args:?}");
+    }
+    assert_eq!(env_of(ds, "MIG_STRATEGY").unwrap()["value"], "mixed");
+    assert_eq!(env_of(ds, "PASS_DEVICE_SPECS").unwrap()["value"], "false");
+    assert_eq!(env_of(ds, "DEVICE_SPLIT_COUNT").unwrap()["value"], "4");
+    assert_eq!(
+        env_of(ds, "CONTAINER_DRIVER_ROOT").unwrap()["value"],
+        "/driver-root"
+    );
+    assert!(host_mounts(ds).contains(&("/driver-root".into(), "/run/nvidia/driver".into(), true)));
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["nodeSelector"],
+        json!({"feature.node.kubernetes.io/pci-10de.present": "true"})
+    );
+    let cm = find(&objects, "ConfigMap", "gpuops-device-plugin-configs");
+    assert_eq!(
+        cm["data"]["default"],
+        "version: v1\nflags:\n  migStrategy: mixed\n"
+    );
+    let sm = find(&objects, "ServiceMonitor", "gpuops");
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    let rule = find(&objects, "PrometheusRule", "gpuops");
+    assert_eq!(
+        rule["spec"]["groups"],
+        rules_groups(&repo().join("deploy/prometheus/gpuops-rules.yaml"))
+    );
+
+    // A typo is an error, not silently ignored.
+    let out = common::run(&["manifests", "--set", "mig.defaultConfg=x"]);
+    assert!(!out.status.success());
+    assert!(
+        common::text(&out).contains("no value mig.defaultConfg"),
+        "{}",
+        common::text(&out)
+    );
+}
+
+#[test]
+fn manifests_help_has_examples_and_values_are_the_charts() {
+    let out = common::run(&["manifests", "--help"]);
+    let help = common::text(&out);
+    assert!(out.status.success(), "{help}");
+    for s in [
+        "Examples:",
+        "gpuops manifests | kubectl apply -f -",
+        "--set",
+        "--show-values",
+    ] {
+        assert!(help.contains(s), "{s} in {help}");
+    }
+    let out = common::run(&["manifests", "--show-values"]);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        std::fs::read_to_string(chart().join("values.yaml")).unwrap()
+    );
+}
+
+#[test]
+fn chart_mig_config_is_nvidias_default_configs() {
+    let want = gpuops_mig::config::nvidia_default_configs().to_yaml();
+    let path = chart().join("files/default-mig-config.yaml");
+    if std::env::var_os("GPUOPS_BLESS").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        have == want,
+        "{} differs from gpuops_mig::config::nvidia_default_configs().to_yaml(); rerun with \
+         GPUOPS_BLESS=1 to rewrite it",
+        path.display()
+    );
+}
+
+fn rules_groups(path: &Path) -> Value {
+    let v: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["groups"].clone()
+}
+
+#[test]
+fn chart_rules_are_the_deploy_rules() {
+    let chart_groups = rules_groups(&chart().join("files/gpuops-rules.yaml"));
+    assert!(chart_groups.as_array().is_some_and(|g| !g.is_empty()));
+    assert_eq!(
+        chart_groups,
+        rules_groups(&repo().join("deploy/prometheus/gpuops-rules.yaml")),
+        "copy deploy/prometheus/gpuops-rules.yaml to deploy/helm/gpuops/files/"
+    );
+}
+
+#[test]
+fn chart_scheduler_config_is_the_deploy_one() {
+    let deploy = repo().join("deploy/scheduler/kube-scheduler-config.yaml");
+    let copy = chart().join("files/kube-scheduler-config.yaml");
+    assert!(
+        std::fs::read_to_string(&deploy).unwrap() == std::fs::read_to_string(&copy).unwrap(),
+        "copy {} to {}",
+        deploy.display(),
+        copy.display()
+    );
+    let objects = manifests(&["--set", "schedulerExtender.enabled=true"]);
+    let cm = find(&objects, "ConfigMap", "gpuops-scheduler-config");
+    let config: Value =
+        serde_saphyr::from_str(cm["data"]["kube-scheduler-config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(config["kind"], "KubeSchedulerConfiguration");
+    assert!(
+        !kinds(&manifests(&[]))
+            .iter()
+            .any(|k| k.contains("scheduler"))
+    );
+}
+
+#[test]
+fn chart_app_version_is_the_crate_version() {
+    let chart_yaml: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart().join("Chart.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(chart_yaml["appVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart_yaml["name"], "gpuops");
+}
+
+// --- against the real control plane ------------------------------------------------------------
+
+use gpuops_testbed::{Cluster, ClusterOptions};
+
+/// Runs a binary; (success, stdout, stderr).
+fn exec(
+    bin: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+    input: Option<&str>,
+) -> (bool, String, String) {
+    use std::io::Write;
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
+    let mut stdin = child.stdin.take().unwrap();
+    if let Some(text) = input {
+        stdin.write_all(text.as_bytes()).unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+struct Helm {
+    bin: PathBuf,
+    home: PathBuf,
+}
+
+impl Helm {
+    fn new(cluster: &Cluster) -> Helm {
+        let bin = cluster.bin().join("helm");
+        assert!(
+            bin.is_file(),
+            "{} is missing: rebuild the test bed with tests/k8s/build.sh (it builds Helm from \
+             helm.sh/helm/v3)",
+            bin.display()
+        );
+        let home = cluster.dir().join("helm-home");
+        std::fs::create_dir_all(&home).unwrap();
+        Helm { bin, home }
+    }
+
+    /// `helm ARGS`, with Helm's own files under the test bed; stdout.
+    fn run(&self, args: &[&str]) -> String {
+        let cache = self.home.join("cache");
+        let config = self.home.join("config");
+        let data = self.home.join("data");
+        let (ok, out, err) = exec(
+            &self.bin,
+            args,
+            &[
+                ("HELM_CACHE_HOME", &cache),
+                ("HELM_CONFIG_HOME", &config),
+                ("HELM_DATA_HOME", &data),
+            ],
+            None,
+        );
+        assert!(ok, "helm {args:?} failed:\n{out}\n{err}");
+        out
+    }
+}
+
+/// Objects keyed and sorted by kind/namespace/name, without the one label that says who rendered
+/// them (Helm: `Helm`, gpuops manifests: `gpuops-manifests`).
+fn normalised(objects: Vec<Value>) -> Vec<(String, Value)> {
+    let mut out: Vec<(String, Value)> = objects
+        .into_iter()
+        .map(|mut o| {
+            if let Some(labels) = o["metadata"]["labels"].as_object_mut() {
+                labels.remove("app.kubernetes.io/managed-by");
+            }
+            let key = format!(
+                "{}/{}/{}",
+                o["kind"].as_str().unwrap_or(""),
+                o["metadata"]["namespace"].as_str().unwrap_or(""),
+                o["metadata"]["name"].as_str().unwrap_or("")
+            );
+            (key, o)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn assert_same_objects(helm: Vec<Value>, ours: Vec<Value>, what: &str) {
+    let helm = normalised(helm);
+    let ours = normalised(ours);
+    let keys = |v: &[(String, Value)]| v.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(&helm), keys(&ours), "{what}: the same objects");
+    for ((key, h), (_, o)) in helm.iter().zip(&ours) {
+        assert!(
+            h == o,
+            "{what}: {key} differs\nhelm template:\n{}\ngpuops manifests:\n{}",
+            serde_json::to_string_pretty(h).unwrap(),
+            serde_json::to_string_pretty(o).unwrap()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn helm_chart_installs_and_its_rbac_is_least_privilege() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    let helm = Helm::new(&cluster);
+    let chart = chart();
+    let chart = chart.to_str().unwrap();
+    let kubeconfig = cluster.kubeconfig();
+    let kubeconfig = kubeconfig.to_str().unwrap();
+
+    helm.run(&["lint", chart]);
+
+    // helm template == gpuops manifests, for the defaults and for values that change every branch.
+    let template = |extra: &[&str]| {
+        let mut args = vec!["template", "gpuops", chart, "--namespace", "gpuops"];
+        args.extend_from_slice(extra);
+        docs(&helm.run(&args))
+    };
+    assert_same_objects(template(&[]), manifests(&[]), "default values");
+    let rules_labels = "metrics.prometheusRule.labels.release=kube-prometheus-stack";
+    let set = [
+        "--set",
+        "mig.enabled=false,taintUnhealthy=true,featureLabels=false,driverRoot=/run/nvidia/driver",
+        "--set",
+        "metrics.serviceMonitor.enabled=true,metrics.serviceMonitor.interval=15s,metrics.port=9500",
+        "--set",
+        "metrics.prometheusRule.enabled=true,schedulerExtender.enabled=true",
+        "--set",
+        rules_labels,
+        "--set",
+        "migStrategy=mixed,passDeviceSpecs=true,deviceSplitCount=2,runtimeClassName=nvidia",
+        "--set",
+        "image.repository=registry.local/gpuops,image.tag=dev,nvmlLib=/driver-root/lib/libnvidia-ml.so.1",
+        "--set-string",
+        "devicePlugin.configs.default=version: v1\nflags:\n  migStrategy: mixed\n",
+        "--set",
+        r"nodeSelector.nvidia\.com/gpu\.present=null",
+        "--set-string",
+        r"nodeSelector.feature\.node\.kubernetes\.io/pci-10de\.present=true",
+    ];
+    // Release "prod": objects are named prod-gpuops.
+    let mut helm_args = vec!["template", "prod", chart, "--namespace", "gpu-system"];
+    helm_args.extend_from_slice(&set);
+    let values_file = cluster.dir().join("values.yaml");
+    std::fs::write(
+        &values_file,
+        "tolerations:\n- key: CriticalAddonsOnly\n  operator: Exists\nextraArgs: [--nfd-features-file=/etc/kubernetes/node-feature-discovery/features.d/gpuops]\npodAnnotations: {team: gpu}\ndevicePlugin:\n  configs:\n    sliced: |\n      version: v1\n      sharing:\n        timeSlicing:\n          resources: [{name: nvidia.com/gpu, replicas: 4}]\n",
+    )
+    .unwrap();
+    let values_file = values_file.to_str().unwrap();
+    helm_args.extend_from_slice(&["-f", values_file]);
+    let mut ours_args = vec![
+        "--release",
+        "prod",
+        "--namespace",
+        "gpu-system",
+        "-f",
+        values_file,
+    ];
+    ours_args.extend_from_slice(&set);
+    assert_same_objects(
+        docs(&helm.run(&helm_args)),
+        manifests(&ours_args),
+        "non-default values",
+    );
+
+    // helm install into the real apiserver.
+    helm.run(&[
+        "install",
+        "gpuops",
+        chart,
+        "--namespace",
+        "gpuops",
+        "--create-namespace",
+        "--kubeconfig",
+        kubeconfig,
+    ]);
+    let listed = helm.run(&[
+        "list",
+        "--namespace",
+        "gpuops",
+        "--kubeconfig",
+        kubeconfig,
+        "-o",
+        "json",
+    ]);
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed[0]["name"], "gpuops", "{listed}");
+    assert_eq!(listed[0]["status"], "deployed", "{listed}");
+    let names = cluster
+        .kubectl(&[
+            "get",
+            "-n",
+            "gpuops",
+            "daemonset,configmap,serviceaccount,service,clusterrole,clusterrolebinding",
+            "-l",
+            "app.kubernetes.io/instance=gpuops",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    for want in [
+        "daemonset.apps/gpuops",
+        "configmap/gpuops-mig-config",
+        "serviceaccount/gpuops",
+        "service/gpuops-metrics",
+        "clusterrole.rbac.authorization.k8s.io/gpuops",
+        "clusterrolebinding.rbac.authorization.k8s.io/gpuops",
+    ] {
+        assert!(names.lines().any(|l| l == want), "{want} in\n{names}");
+    }
+    // What the apiserver stored is what the chart says (it validated and defaulted it).
+    let ds = cluster
+        .get_json(&["daemonset", "gpuops", "-n", "gpuops"])
+        .unwrap();
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(pod["serviceAccountName"], "gpuops");
+    assert!(
+        pod["tolerations"].as_array().unwrap().contains(
+            &json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+        )
+    );
+    assert_eq!(
+        pod["containers"][0]["resources"],
+        json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}})
+    );
+    // No kubelet runs pods here: the DaemonSet has no node to place them on.
+    assert_eq!(ds["status"]["numberReady"].as_i64().unwrap_or(0), 0);
+
+    // The rendered manifests install too, without Helm.
+    let plain = common::run(&[
+        "manifests",
+        "--release",
+        "plain",
+        "--namespace",
+        "gpuops-plain",
+        "--create-namespace",
+    ]);
+    assert!(plain.status.success(), "{}", common::text(&plain));
+    let applied = cluster
+        .apply(&String::from_utf8(plain.stdout).unwrap())
+        .unwrap();
+    assert!(
+        applied.contains("daemonset.apps/plain-gpuops created"),
+        "{applied}"
+    );
+    assert!(
+        applied.contains("clusterrole.rbac.authorization.k8s.io/plain-gpuops created"),
+        "{applied}"
+    );
+
+    // The agent's own identity: a token of the chart's ServiceAccount from the TokenRequest API.
+    let token = cluster
+        .kubectl(&[
+            "create",
+            "token",
+            "gpuops",
+            "-n",
+            "gpuops",
+            "--duration=10m",
+        ])
+        .unwrap();
+    let agent_kubeconfig = cluster.dir().join("kubeconfig-gpuops-sa");
+    std::fs::write(
+        &agent_kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: bed\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: agent\n  user:\n    token: {}\ncontexts:\n- name: bed\n  context:\n    cluster: bed\n    user: agent\ncurrent-context: bed\n",
+            cluster.server(),
+            token.trim()
+        ),
+    )
+    .unwrap();
+    let kubectl = cluster.bin().join("kubectl");
+    let kc = format!("--kubeconfig={}", agent_kubeconfig.display());
+    let agent = |args: &[&str], input: Option<&str>| {
+        let mut full = vec![kc.as_str()];
+        full.extend_from_slice(args);
+        exec(&kubectl, &full, &[], input)
+    };
+    let who = agent(
+        &[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
+        None,
+    );
+    assert_eq!(who.1, "system:serviceaccount:gpuops:gpuops", "{who:?}");
+
+    cluster
+        .apply("apiVersion: v1\nkind: Node\nmetadata:\n  name: gpu-node-1\n  labels:\n    nvidia.com/gpu.present: \"true\"\n")
+        .unwrap();
+
+    // Allowed: the agent's calls, made as the agent makes them (kube-rs, node_sync.rs).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(agent_calls_are_allowed(&agent_kubeconfig));
+    let (ok, out, err) = agent(
+        &["create", "-f", "-"],
+        Some(
+            "apiVersion: events.k8s.io/v1\nkind: Event\nmetadata:\n  name: gpu-node-1.mig\n  namespace: default\nregarding:\n  kind: Node\n  name: gpu-node-1\nreason: MigConfigApplied\nnote: all-1g.10gb applied\ntype: Normal\naction: Apply\nreportingController: gpuops.io/agent\nreportingInstance: gpu-node-1\neventTime: \"2026-01-01T00:00:00.000000Z\"\n",
+        ),
+    );
+    assert!(
+        ok,
+        "the agent may create an events.k8s.io event\n{out}{err}"
+    );
+    let node = cluster.get_json(&["node", "gpu-node-1"]).unwrap();
+    assert_eq!(
+        node["metadata"]["labels"]["nvidia.com/gpu.product"],
+        "NVIDIA-H100-80GB-HBM3"
+    );
+    assert_eq!(node["spec"]["taints"][0]["key"], "gpuops.io/gpu-unhealthy");
+    assert!(
+        node["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "GPUHealthy" && c["status"] == "True"),
+        "{node}"
+    );
+    rt.block_on(deployment_patch_is_forbidden(&agent_kubeconfig));
+
+    let denied: Vec<(&str, Vec<&str>, Option<&str>)> = vec![
+        ("list pods", vec!["get", "pods", "--all-namespaces"], None),
+        (
+            "get a secret",
+            vec!["get", "secret", "anything", "-n", "default"],
+            None,
+        ),
+        ("list secrets", vec!["get", "secrets", "-n", "gpuops"], None),
+        (
+            "delete a node",
+            vec!["delete", "node", "gpu-node-1", "--wait=false"],
+            None,
+        ),
+        (
+            "create a pod",
+            vec![
+                "run",
+                "intruder",
+                "--image=busybox",
+                "-n",
+                "default",
+                "--restart=Never",
+            ],
+            None,
+        ),
+        (
+            "patch a deployment",
+            vec![
+                "patch",
+                "deployment",
+                "anything",
+                "-n",
+                "default",
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"replicas":0}}"#,
+            ],
+            None,
+        ),
+        (
+            "get configmaps in kube-system",
+            vec!["get", "configmaps", "-n", "kube-system"],
+            None,
+        ),
+        (
+            "read its own MIG ConfigMap through the API",
+            vec!["get", "configmap", "gpuops-mig-config", "-n", "gpuops"],
+            None,
+        ),
+        (
+            "change RBAC",
+            vec!["delete", "clusterrolebinding", "gpuops"],
+            None,
+        ),
+        (
+            "create a node",
+            vec!["create", "-f", "-"],
+            Some("apiVersion: v1\nkind: Node\nmetadata:\n  name: rogue\n"),
+        ),
+    ];
+    for (what, args, input) in &denied {
+        let (ok, out, err) = agent(args, *input);
+        assert!(
+            !ok && err.contains("Forbidden"),
+            "the agent must not {what}: kubectl {args:?}\n{out}{err}"
+        );
+    }
+
+    // helm uninstall removes what it installed.
+    helm.run(&[
+        "uninstall",
+        "gpuops",
+        "--namespace",
+        "gpuops",
+        "--kubeconfig",
+        kubeconfig,
+    ]);
+    let left = cluster
+        .kubectl(&[
+            "get",
+            "daemonset,clusterrole,clusterrolebinding",
+            "-A",
+            "-l",
+            "app.kubernetes.io/instance=gpuops",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert!(left.trim().is_empty(), "left after uninstall: {left}");
+}
+
+async fn agent_client(kubeconfig: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// What the agent does on its node: get, list and watch it; server-side apply its labels and
+/// the GPUHealthy condition (nodes/status, without reading it first); merge-patch its taint;
+/// create and patch events.
+async fn agent_calls_are_allowed(kubeconfig: &Path) {
+    use futures::TryStreamExt;
+    use k8s_openapi::api::core::v1::{Event, Node};
+    use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+    let client = agent_client(kubeconfig).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes.get("gpu-node-1").await.expect("get its node");
+    let list = nodes
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes");
+    assert!(!list.items.is_empty());
+    let watch = WatchParams::default()
+        .fields("metadata.name=gpu-node-1")
+        .timeout(1);
+    let stream = nodes.watch(&watch, "0").await.expect("watch nodes");
+    let events: Vec<WatchEvent<Node>> = stream.try_collect().await.expect("watch nodes");
+    assert!(
+        !events.iter().any(|e| matches!(e, WatchEvent::Error(_))),
+        "watch: {events:?}"
+    );
+
+    let labels = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1",
+        "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8"}}});
+    nodes
+        .patch(
+            "gpu-node-1",
+            &PatchParams::apply("gpuops-feature-labels").force(),
+            &Patch::Apply(&labels),
+        )
+        .await
+        .expect("server-side apply of its labels");
+    let condition = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1"},
+        "status": {"conditions": [{"type": "GPUHealthy", "status": "True", "reason": "AllGPUsHealthy",
+            "message": "8/8 GPUs healthy", "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]}});
+    nodes
+        .patch_status(
+            "gpu-node-1",
+            &PatchParams::apply("gpuops-health").force(),
+            &Patch::Apply(&condition),
+        )
+        .await
+        .expect("server-side apply of nodes/status");
+    // As the agent does: read the node, then patch its taints at that resourceVersion.
+    let node = nodes.get("gpu-node-1").await.expect("get its node");
+    let taint = json!({"metadata": {"resourceVersion": node.metadata.resource_version},
+        "spec": {"taints": [{"key": "gpuops.io/gpu-unhealthy", "value": "xid-48", "effect": "NoSchedule"}]}});
+    nodes
+        .patch("gpu-node-1", &PatchParams::default(), &Patch::Merge(&taint))
+        .await
+        .expect("merge-patch its taints");
+
+    let events: Api<Event> = Api::namespaced(client, "default");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"generateName": "gpu-node-1.", "namespace": "default"},
+        "involvedObject": {"kind": "Node", "name": "gpu-node-1", "apiVersion": "v1"},
+        "reason": "GPUXid", "message": "XID 48 on GPU 3", "type": "Warning",
+        "source": {"component": "gpuops-agent", "host": "gpu-node-1"}, "count": 1,
+    }))
+    .unwrap();
+    let created = events
+        .create(&PostParams::default(), &event)
+        .await
+        .expect("create an event");
+    let name = created.metadata.name.unwrap();
+    events
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"count": 2})),
+        )
+        .await
+        .expect("patch an event");
+}
+
+/// A PATCH straight to a Deployment (kubectl patch would read it first) is refused.
+async fn deployment_patch_is_forbidden(kubeconfig: &Path) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{Api, Patch, PatchParams};
+    let client = agent_client(kubeconfig).await;
+    let deployments: Api<Deployment> = Api::namespaced(client, "default");
+    match deployments
+        .patch(
+            "anything",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 403 => {}
+        other => panic!("patching a deployment must be Forbidden, got {other:?}"),
+    }
+}

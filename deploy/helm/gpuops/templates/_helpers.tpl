@@ -1,0 +1,43 @@
+{{/* Chart name (nameOverride). */}}
+{{- define "gpuops.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name of the objects: fullnameOverride, else the release name if it contains the chart
+name, else <release>-<name>. `gpuops manifests` computes the same. */}}
+{{- define "gpuops.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Selector labels (never change after the first install). */}}
+{{- define "gpuops.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuops.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of every object. */}}
+{{- define "gpuops.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "gpuops.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpuops
+{{- end -}}
+
+{{/* The agent's ServiceAccount name. */}}
+{{- define "gpuops.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "gpuops.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
