@@ -219,62 +219,32 @@ fn process_usage() -> (Option<u64>, Option<f64>) {
 
 /// Binds the metrics address now, so a taken port fails the start with a clear message.
 pub fn bind(address: SocketAddr) -> Result<std::net::TcpListener> {
-    let listener = std::net::TcpListener::bind(address).with_context(|| {
-        format!(
-            "cannot listen for metrics on {address} (is another exporter, e.g. NVIDIA's dcgm-exporter, using the port? choose another with --metrics-address)"
-        )
-    })?;
-    listener
-        .set_nonblocking(true)
-        .context("setting the metrics socket non-blocking")?;
-    Ok(listener)
+    crate::http::bind(
+        address,
+        "metrics",
+        "is another exporter, e.g. NVIDIA's dcgm-exporter, using the port? choose another with --metrics-address",
+    )
 }
 
 /// Serves `/metrics` (and `/healthz`) until `shutdown` turns true.
 pub async fn serve(
     listener: std::net::TcpListener,
     served: Arc<Served>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    let listener =
-        tokio::net::TcpListener::from_std(listener).context("serving the metrics socket")?;
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return Ok(()),
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(a) => a,
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    Err(e) => {
-                        eprintln!("{} metrics: accept failed: {e}", crate::cmd::agent::clock());
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let served = Arc::clone(&served);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let served = Arc::clone(&served);
-                        async move { Ok::<_, std::convert::Infallible>(respond(&served, &req)) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        }
-    }
+    crate::http::serve(
+        listener,
+        move |req| {
+            let reply = respond(&served, &req);
+            async move { reply }
+        },
+        shutdown,
+    )
+    .await
 }
 
 fn respond<B>(served: &Served, req: &Request<B>) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, content_type: &str, body: Bytes| {
-        let mut r = Response::new(Full::new(body));
-        *r.status_mut() = status;
-        if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
-            r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-        }
-        r
-    };
+    use crate::http::reply;
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return reply(
             StatusCode::METHOD_NOT_ALLOWED,

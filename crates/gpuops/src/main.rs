@@ -5,6 +5,7 @@
 mod cmd;
 mod exporter;
 mod gpu_source;
+mod http;
 mod mig_apply;
 mod mig_flow;
 mod node_config;

@@ -791,7 +791,7 @@ async fn agent_loop(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
-    let shutdown = shutdown_signal();
+    let shutdown = crate::http::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -922,28 +922,6 @@ fn keep_static_facts(next: &mut Inventory, previous: &Inventory) {
 
 fn healthy_indices(inv: &Inventory) -> Vec<u32> {
     inv.healthy_gpus().map(|g| g.index).collect()
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 const WAIT_MS: u32 = 500;

@@ -90,7 +90,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
         let (tx, rx) = tokio::sync::watch::channel(false);
         let serving = tokio::spawn(server::serve(listener, served, rx));
-        shutdown_signal().await;
+        crate::http::shutdown_signal().await;
         let _ = tx.send(true);
         serving.await.context("the extender server stopped")??;
         println!("stopped");
@@ -115,20 +115,5 @@ async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
         None => kube::Client::try_default()
             .await
             .context("connecting to Kubernetes (KUBECONFIG, ~/.kube/config or in-cluster; or pass --kubeconfig)"),
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
     }
 }

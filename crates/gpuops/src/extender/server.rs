@@ -1,7 +1,7 @@
 //! The extender's HTTP server and its view of the cluster (a watch of nodes and unfinished pods).
 
 use super::protocol::{self, Engine, ExtenderArgs, FilterResult};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
@@ -81,60 +81,31 @@ impl View {
 
 /// Binds the address now, so a taken port fails the start with a clear message.
 pub fn bind(address: SocketAddr) -> Result<std::net::TcpListener> {
-    let listener = std::net::TcpListener::bind(address).with_context(|| {
-        format!(
-            "cannot listen for the scheduler on {address} (is another extender using the port? choose another with --address)"
-        )
-    })?;
-    listener
-        .set_nonblocking(true)
-        .context("setting the extender socket non-blocking")?;
-    Ok(listener)
+    crate::http::bind(
+        address,
+        "the scheduler",
+        "is another extender using the port? choose another with --address",
+    )
 }
 
 /// Serves the extender verbs until `shutdown` turns true.
 pub async fn serve(
     listener: std::net::TcpListener,
     served: Arc<Served>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    let listener =
-        tokio::net::TcpListener::from_std(listener).context("serving the extender socket")?;
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return Ok(()),
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!("extender: accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let served = Arc::clone(&served);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let served = Arc::clone(&served);
-                        async move { Ok::<_, std::convert::Infallible>(respond(&served, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        }
-    }
+    crate::http::serve(
+        listener,
+        move |req| {
+            let served = Arc::clone(&served);
+            async move { respond(&served, req).await }
+        },
+        shutdown,
+    )
+    .await
 }
 
-fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
-}
+use crate::http::reply;
 
 /// The extender verb a path names: its last segment (`/filter`, `/gpuops/filter`, ...).
 fn verb(path: &str) -> &str {
@@ -146,7 +117,7 @@ async fn respond(served: &Served, req: Request<hyper::body::Incoming>) -> Respon
     let verb = verb(&path).to_string();
     match (req.method(), verb.as_str()) {
         (&Method::GET, "healthz" | "readyz") => {
-            return reply(StatusCode::OK, "text/plain", "ok\n".into());
+            return reply(StatusCode::OK, "text/plain", "ok\n");
         }
         (&Method::POST, "filter" | "prioritize") => {}
         (_, "filter" | "prioritize") => {
