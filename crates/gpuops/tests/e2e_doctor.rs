@@ -4,7 +4,7 @@
 
 mod common;
 
-use gpuops_testbed::{Cluster, ClusterOptions, wait_until};
+use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, wait_until};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -442,4 +442,728 @@ fn the_doctor_names_the_real_cause_of_each_pending_gpu_pod_and_leaves_look_alike
     std::thread::sleep(Duration::from_secs(2));
     let d = doctor(&cluster, &["--pending-grace", "1s"]);
     assert_eq!(d.codes_about("brand-new"), vec!["not-scheduled"]);
+}
+
+// ---- Node-level and workload diagnoses on objects the test writes itself ----
+
+/// An RFC 3339 time `secs_ago` seconds ago, whole seconds.
+fn ago(secs_ago: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(
+        k8s_openapi::jiff::Timestamp::now().as_second() - secs_ago,
+    )
+    .unwrap()
+    .to_string()
+}
+
+/// A GPU Node object no KWOK and no kubelet manages (label `gpuops-e2e: static`): what the doctor
+/// reads is what the test wrote through the apiserver. `driver` sets both driver-version labels.
+fn static_node(
+    name: &str,
+    product: &str,
+    driver: &str,
+    capacity: &[(&str, u32)],
+    allocatable: &[(&str, u32)],
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> String {
+    let map = |items: &[(&str, &str)], indent: &str| -> String {
+        items
+            .iter()
+            .map(|(k, v)| format!("{indent}{k}: \"{v}\"\n"))
+            .collect()
+    };
+    let res = |items: &[(&str, u32)]| -> String {
+        items
+            .iter()
+            .map(|(r, n)| format!("    {r}: \"{n}\"\n"))
+            .collect()
+    };
+    let major = driver.split('.').next().unwrap_or("");
+    let annotations = if annotations.is_empty() {
+        String::new()
+    } else {
+        format!("  annotations:\n{}", map(annotations, "    "))
+    };
+    format!(
+        "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n{annotations}  labels:\n    gpuops-e2e: static\n    nvidia.com/gpu.present: \"true\"\n    nvidia.com/gpu.product: {product}\n    nvidia.com/cuda.driver-version.full: \"{driver}\"\n    nvidia.com/cuda.driver-version.major: \"{major}\"\n{labels}status:\n  capacity:\n    cpu: \"64\"\n    memory: 512Gi\n    pods: \"110\"\n{cap}  allocatable:\n    cpu: \"64\"\n    memory: 512Gi\n    pods: \"110\"\n{alloc}",
+        labels = map(labels, "    "),
+        cap = res(capacity),
+        alloc = res(allocatable),
+    )
+}
+
+/// Sets the node's GPUHealthy condition through the status subresource, as the agent does.
+fn gpu_healthy(cluster: &Cluster, node: &str, status: &str, reason: &str, message: &str) {
+    let patch = serde_json::json!({"status": {"conditions": [{
+        "type": "GPUHealthy",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastHeartbeatTime": ago(0),
+        "lastTransitionTime": ago(60),
+    }]}});
+    cluster
+        .kubectl(&[
+            "patch",
+            "node",
+            node,
+            "--subresource=status",
+            "--type=strategic",
+            "-p",
+            &patch.to_string(),
+        ])
+        .unwrap();
+}
+
+/// A pod bound to `node` by name (no scheduler), asking for `gpus` whole GPUs and 8Gi of memory.
+fn bound_pod(name: &str, node: &str, gpus: u32, extra_spec: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {node}\n{extra_spec}  containers:\n  - name: cuda\n    image: example.invalid/cuda:12\n    resources:\n      limits:\n        nvidia.com/gpu: \"{gpus}\"\n        memory: 8Gi\n"
+    )
+}
+
+/// Reports the pod Running with container `cuda` restarted 3 times after terminating with
+/// `reason` and `exit_code`, through the status subresource (a kubelet's write).
+fn restarted_after(cluster: &Cluster, pod: &str, reason: &str, exit_code: i32) {
+    let patch = serde_json::json!({"status": {
+        "phase": "Running",
+        "startTime": ago(600),
+        "containerStatuses": [{
+            "name": "cuda",
+            "image": "example.invalid/cuda:12",
+            "imageID": "",
+            "ready": true,
+            "started": true,
+            "restartCount": 3,
+            "state": {"running": {"startedAt": ago(30)}},
+            "lastState": {"terminated": {
+                "exitCode": exit_code,
+                "reason": reason,
+                "startedAt": ago(300),
+                "finishedAt": ago(40),
+            }},
+        }],
+    }});
+    cluster
+        .kubectl(&[
+            "patch",
+            "pod",
+            pod,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ])
+        .unwrap();
+}
+
+/// `gpuops agent` on a harness node: a simulated GPU node whose device plugin the harness kubelet
+/// allocates from and whose metrics carry the pods' labels (PodResources). Killed on drop.
+struct Agent {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Agent {
+    fn start(
+        node: &HarnessNode,
+        fleet: &str,
+        state: &std::path::Path,
+        log: &std::path::Path,
+    ) -> Agent {
+        let out = std::fs::File::create(log).unwrap();
+        let child = common::gpuops()
+            .args(["agent", "--simulate", fleet, "--sim-state"])
+            .arg(state)
+            .args(["--interval", "1s", "--node-name", &node.name])
+            .arg("--device-plugin-dir")
+            .arg(node.plugin_dir())
+            .arg("--pod-resources-socket")
+            .arg(node.pod_resources_socket())
+            .stdout(std::process::Stdio::from(out.try_clone().unwrap()))
+            .stderr(std::process::Stdio::from(out))
+            .spawn()
+            .unwrap();
+        Agent {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `http://127.0.0.1:PORT/metrics`, once the agent printed it.
+    fn url(&self) -> String {
+        let mut url = None;
+        wait_until("the metrics address", Duration::from_secs(30), || {
+            url = self
+                .log()
+                .lines()
+                .find_map(|l| l.split("metrics        ").nth(1))
+                .and_then(|s| s.split_whitespace().next())
+                .map(String::from);
+            url.is_some()
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", self.log()));
+        url.unwrap()
+    }
+
+    fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let url = self.url();
+        let address = url
+            .trim_start_matches("http://")
+            .trim_end_matches("/metrics");
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).unwrap();
+        raw.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `DCGM_FI_DEV_GPU_UTIL` line of `pod`, if the agent attributes one.
+fn util_line(body: &str, pod: &str) -> Option<String> {
+    body.lines()
+        .find(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{") && l.contains(&format!("pod=\"{pod}\"")))
+        .map(String::from)
+}
+
+fn fix(f: &Value) -> &str {
+    f["fix"].as_str().unwrap()
+}
+
+const H100: &str = "NVIDIA-H100-80GB-HBM3";
+const DRIVER: &str = "550.107.02";
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objects() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    let gpu = "nvidia.com/gpu";
+    let mig = "nvidia.com/mig-1g.10gb";
+    let one_gpu: &[(&str, &str)] = &[("nvidia.com/gpu.count", "1")];
+    let eight: &[(&str, &str)] = &[("nvidia.com/gpu.count", "8")];
+    let unhealthy79 = "1 of 1 GPU unhealthy: GPU 0 (GPU-00000000-1111-2222-3333-444444444444): XID 79 (GPU has fallen off the bus): reboot the node; check power and PCIe seating if it repeats";
+    let unhealthy48 = "1 of 8 GPUs unhealthy: GPU 2 (GPU-00000002-1111-2222-3333-444444444444): XID 48 (double-bit ECC error): drain the node and reset the GPU";
+    let lost5 = "1 of 8 GPUs unhealthy: GPU 5 (GPU-00000005-1111-2222-3333-444444444444): lost, fell off the bus: reboot the node; check power and PCIe seating if it repeats";
+    let benign13 = "all 8 GPUs are healthy; non-fatal XIDs seen (not counted): GPU 0 (GPU-00000000-1111-2222-3333-444444444444): XID 13 (graphics engine exception): fix the application; the GPU is fine";
+
+    let mut nodes = String::new();
+    let mut add = |name: &str,
+                   product: &str,
+                   driver: &str,
+                   cap: &[(&str, u32)],
+                   alloc: &[(&str, u32)],
+                   labels: &[(&str, &str)],
+                   annotations: &[(&str, &str)]| {
+        nodes.push_str(&static_node(
+            name,
+            product,
+            driver,
+            cap,
+            alloc,
+            labels,
+            annotations,
+        ));
+    };
+    // GPU health: what the agent writes for a fatal XID 79 on a one-GPU node (its device withheld),
+    // XID 48 on GPU 2 of 8, GPU 5 lost; devices withheld with no condition; look-alikes: healthy,
+    // and healthy with a non-fatal XID 13 mentioned.
+    add(
+        "hl-xid79",
+        H100,
+        DRIVER,
+        &[(gpu, 1)],
+        &[(gpu, 0)],
+        one_gpu,
+        &[],
+    );
+    add(
+        "hl-xid48",
+        H100,
+        DRIVER,
+        &[(gpu, 8)],
+        &[(gpu, 7)],
+        eight,
+        &[],
+    );
+    add(
+        "hl-lost",
+        H100,
+        DRIVER,
+        &[(gpu, 8)],
+        &[(gpu, 7)],
+        eight,
+        &[],
+    );
+    add(
+        "hl-withheld",
+        H100,
+        DRIVER,
+        &[(gpu, 8)],
+        &[(gpu, 6)],
+        eight,
+        &[],
+    );
+    add("hl-ok", H100, DRIVER, &[(gpu, 8)], &[(gpu, 8)], eight, &[]);
+    add(
+        "hl-xid13",
+        H100,
+        DRIVER,
+        &[(gpu, 8)],
+        &[(gpu, 8)],
+        eight,
+        &[],
+    );
+    // MIG: pending for an hour (a GPU pod still on it), pending for two minutes (look-alike),
+    // all-3g.40gb wanted but 1g.10gb instances advertised, and all-1g.10gb with the right count.
+    let mig_labels =
+        |config: &'static str, state: &'static str| -> Vec<(&'static str, &'static str)> {
+            vec![
+                ("nvidia.com/gpu.count", "8"),
+                ("nvidia.com/mig.strategy", "mixed"),
+                ("nvidia.com/mig.config", config),
+                ("nvidia.com/mig.config.state", state),
+            ]
+        };
+    let hour_ago = ago(3600);
+    let minutes_ago = ago(120);
+    let since = "gpuops.io/mig.config.state-since";
+    add(
+        "mig-stuck",
+        H100,
+        DRIVER,
+        &[(gpu, 8)],
+        &[(gpu, 8)],
+        &mig_labels("all-1g.10gb", "pending"),
+        &[(since, &hour_ago)],
+    );
+    add(
+        "mig-recent",
+        H100,
+        DRIVER,
+        &[(gpu, 8)],
+        &[(gpu, 8)],
+        &mig_labels("all-1g.10gb", "pending"),
+        &[(since, &minutes_ago)],
+    );
+    add(
+        "mig-layout",
+        H100,
+        DRIVER,
+        &[(mig, 56)],
+        &[(mig, 56)],
+        &mig_labels("all-3g.40gb", "success"),
+        &[(since, &minutes_ago)],
+    );
+    add(
+        "mig-ok",
+        H100,
+        DRIVER,
+        &[(mig, 56)],
+        &[(mig, 56)],
+        &mig_labels("all-1g.10gb", "success"),
+        &[(since, &minutes_ago)],
+    );
+    // Drivers: R525 on an A100 (below 535), R535 on an H200 (needs R550), a pool with one node
+    // behind; look-alike: a pool on one version.
+    add(
+        "drv-old",
+        "NVIDIA-A100-SXM4-80GB",
+        "525.60.13",
+        &[(gpu, 8)],
+        &[(gpu, 8)],
+        eight,
+        &[],
+    );
+    add(
+        "drv-h200",
+        "NVIDIA-H200",
+        "535.183.01",
+        &[(gpu, 8)],
+        &[(gpu, 8)],
+        eight,
+        &[],
+    );
+    for (name, pool, driver) in [
+        ("pool-a-1", "h100-a", DRIVER),
+        ("pool-a-2", "h100-a", DRIVER),
+        ("pool-a-3", "h100-a", "550.54.15"),
+        ("pool-b-1", "h100-b", "550.54.15"),
+        ("pool-b-2", "h100-b", "550.54.15"),
+    ] {
+        add(
+            name,
+            H100,
+            driver,
+            &[(gpu, 8)],
+            &[(gpu, 8)],
+            &[
+                ("nvidia.com/gpu.count", "8"),
+                ("karpenter.sh/nodepool", pool),
+            ],
+            &[],
+        );
+    }
+    // Memory: a node for an OOMKilled container and an exit-137 Error look-alike.
+    add(
+        "oom-node",
+        H100,
+        DRIVER,
+        &[(gpu, 8)],
+        &[(gpu, 8)],
+        eight,
+        &[],
+    );
+    // Cost: free GPUs behind a taint nobody tolerates, on a cordoned node, and (look-alike) behind
+    // a taint a running pod tolerates.
+    for name in ["team-node", "cordoned-node", "tolerated-node"] {
+        add(name, H100, DRIVER, &[(gpu, 8)], &[(gpu, 8)], eight, &[]);
+    }
+    cluster.apply(&nodes).unwrap();
+    // The NodeTaint admission plugin taints new nodes not-ready; no node lifecycle controller runs
+    // here to lift it, and these nodes have no kubelet: lift it as that controller would.
+    cluster
+        .kubectl(&[
+            "taint",
+            "nodes",
+            "-l",
+            "gpuops-e2e=static",
+            "node.kubernetes.io/not-ready:NoSchedule-",
+        ])
+        .unwrap();
+    for (node, taint) in [
+        ("hl-xid79", "gpuops.io/gpu-unhealthy=XidError:NoSchedule"),
+        ("hl-xid48", "gpuops.io/gpu-unhealthy=XidError:NoSchedule"),
+        ("hl-lost", "gpuops.io/gpu-unhealthy=GPULost:NoSchedule"),
+        ("team-node", "team=research:NoSchedule"),
+        ("tolerated-node", "team2=inference:NoSchedule"),
+    ] {
+        cluster.kubectl(&["taint", "node", node, taint]).unwrap();
+    }
+    cluster.kubectl(&["cordon", "cordoned-node"]).unwrap();
+    gpu_healthy(&cluster, "hl-xid79", "False", "XidError", unhealthy79);
+    gpu_healthy(&cluster, "hl-xid48", "False", "XidError", unhealthy48);
+    gpu_healthy(&cluster, "hl-lost", "False", "GPULost", lost5);
+    gpu_healthy(
+        &cluster,
+        "hl-ok",
+        "True",
+        "AllGPUsHealthy",
+        "all 8 GPUs are healthy",
+    );
+    gpu_healthy(&cluster, "hl-xid13", "True", "AllGPUsHealthy", benign13);
+
+    // Pods bound by name: a GPU pod holding the MIG-pending node, one OOMKilled and one that
+    // exited 137 with reason Error (both restarted), one tolerating tolerated-node's taint.
+    let mut pods = String::new();
+    pods.push_str(&bound_pod("mig-holder", "mig-stuck", 1, ""));
+    pods.push_str(&bound_pod("oomed", "oom-node", 1, ""));
+    pods.push_str(&bound_pod("errored", "oom-node", 1, ""));
+    pods.push_str(&bound_pod(
+        "tolerating-team2",
+        "tolerated-node",
+        1,
+        "  tolerations:\n  - key: team2\n    operator: Exists\n",
+    ));
+    cluster.apply(&pods).unwrap();
+    restarted_after(&cluster, "oomed", "OOMKilled", 137);
+    restarted_after(&cluster, "errored", "Error", 137);
+
+    // Cost: a harness node (the kubelet's device manager) with the agent's simulated 4x L4; two
+    // pods the real scheduler places there, one kept at 90% utilization, one left idle.
+    let cost = HarnessNode::start(&cluster, "cost-node").unwrap();
+    let state = cluster.dir().join("cost-sim");
+    let agent = Agent::start(&cost, "l4x4", &state, &cluster.dir().join("agent-cost.log"));
+    let url = agent.url();
+    let on_cost = |name: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  affinity:\n    nodeAffinity:\n      requiredDuringSchedulingIgnoredDuringExecution:\n        nodeSelectorTerms:\n        - matchFields:\n          - key: metadata.name\n            operator: In\n            values: [cost-node]\n  containers:\n  - name: worker\n    image: example.invalid/app:1\n    resources:\n      limits:\n        nvidia.com/gpu: \"1\"\n"
+        )
+    };
+    cluster
+        .apply(&format!("{}{}", on_cost("idle-job"), on_cost("busy-job")))
+        .unwrap();
+    for name in ["idle-job", "busy-job"] {
+        wait_until(&format!("{name} running"), Duration::from_secs(90), || {
+            cluster
+                .kubectl(&["get", "pod", name, "-o", "jsonpath={.status.phase}"])
+                .is_ok_and(|s| s == "Running")
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    }
+    let mut body = String::new();
+    wait_until("both pods on the metrics", Duration::from_secs(30), || {
+        body = agent.metrics();
+        util_line(&body, "idle-job").is_some() && util_line(&body, "busy-job").is_some()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{body}\n{}", agent.log()));
+    let busy = util_line(&body, "busy-job").unwrap();
+    let busy_gpu = busy
+        .split("gpu=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap()
+        .to_string();
+    let o = common::run(&[
+        "sim",
+        "load",
+        "--state",
+        state.to_str().unwrap(),
+        "--gpu",
+        &busy_gpu,
+        "--util",
+        "90",
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    wait_until("busy-job at 90%", Duration::from_secs(30), || {
+        body = agent.metrics();
+        util_line(&body, "busy-job").is_some_and(|l| l.ends_with(" 90"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{body}"));
+    let idle = util_line(&body, "idle-job").unwrap();
+    assert!(idle.ends_with(" 0"), "the idle pod's GPU: {idle}");
+
+    std::thread::sleep(Duration::from_secs(2));
+    let d = doctor(&cluster, &["--metrics", &url, "--idle-after", "1s"]);
+    assert_eq!(d.code, Some(2), "critical findings exit 2:\n{}", d.text);
+    let all = || serde_json::to_string_pretty(&d.json).unwrap();
+
+    // GPU health.
+    let f = d.one("gpu-unhealthy", "hl-xid79");
+    assert_eq!(f["severity"], "critical");
+    assert_eq!(f["category"], "health");
+    let e = evidence(f);
+    assert!(
+        e.contains(&format!(
+            "condition GPUHealthy=False XidError: {unhealthy79}"
+        )) && e.contains("taint gpuops.io/gpu-unhealthy=XidError:NoSchedule"),
+        "{e}"
+    );
+    assert!(
+        f["title"].as_str().unwrap().contains("GPU 0 unhealthy"),
+        "the GPU index from the agent's wording: {f}"
+    );
+    assert!(
+        fix(f).contains("kubectl drain hl-xid79") && fix(f).contains("reboot the node"),
+        "XID 79 needs a reboot: {f}"
+    );
+    assert!(
+        d.one("zero-allocatable", "hl-xid79")["title"]
+            .as_str()
+            .unwrap()
+            .contains("all unhealthy"),
+        "{}",
+        all()
+    );
+    let f = d.one("gpu-unhealthy", "hl-xid48");
+    assert_eq!(f["severity"], "critical");
+    let e = evidence(f);
+    assert!(
+        e.contains("XID 48 (double-bit ECC error)")
+            && e.contains("taint gpuops.io/gpu-unhealthy=XidError:NoSchedule")
+            && e.contains("capacity 8, allocatable 7: the device plugin withholds 1"),
+        "{e}"
+    );
+    assert!(
+        fix(f).contains("kubectl drain hl-xid48") && fix(f).contains("nvidia-smi -r -i 2"),
+        "XID 48: drain and reset GPU 2: {f}"
+    );
+    let f = d.one("gpu-lost", "hl-lost");
+    assert_eq!(f["severity"], "critical");
+    assert!(
+        evidence(f).contains("GPULost: 1 of 8 GPUs unhealthy: GPU 5"),
+        "{f}"
+    );
+    assert!(
+        fix(f).contains("kubectl drain hl-lost") && fix(f).contains("reboot"),
+        "{f}"
+    );
+    let f = d.one("unhealthy-devices", "hl-withheld");
+    assert_eq!(f["severity"], "warning");
+    assert!(
+        evidence(f)
+            .contains("nvidia.com/gpu: capacity 8, allocatable 6: the device plugin withholds 2"),
+        "{f}"
+    );
+    assert!(
+        fix(f).contains("the device plugin's log says which devices")
+            && fix(f).contains("--field-selector spec.nodeName=hl-withheld")
+            && fix(f).contains("kubectl describe node hl-withheld"),
+        "{f}"
+    );
+    let health = [
+        "gpu-unhealthy",
+        "gpu-lost",
+        "unhealthy-devices",
+        "xid-application",
+    ];
+    for quiet in ["hl-ok", "hl-xid13", "cost-node", "oom-node"] {
+        let codes = d.codes_about(quiet);
+        assert!(
+            !codes.iter().any(|c| health.contains(&c.as_str())),
+            "{quiet} is healthy: {codes:?}"
+        );
+    }
+
+    // MIG.
+    let f = d.one("mig-config-stuck", "mig-stuck");
+    assert_eq!(f["severity"], "warning");
+    assert!(
+        f["title"].as_str().unwrap().contains("pending for 1h"),
+        "{f}"
+    );
+    let e = evidence(f);
+    assert!(
+        e.contains(&format!(
+            "nvidia.com/mig.config=all-1g.10gb, nvidia.com/mig.config.state=pending since {hour_ago}"
+        )) && e.contains("GPU pods still on the node: default/mig-holder"),
+        "{e}"
+    );
+    assert!(fix(f).contains("kubectl drain mig-stuck"), "{f}");
+    let f = d.one("mig-layout-mismatch", "mig-layout");
+    assert_eq!(f["severity"], "warning");
+    let e = evidence(f);
+    assert!(
+        e.contains("all-3g.40gb gives each H100-SXM5-80GB GPU: 3g.40gb x2")
+            && e.contains("the node advertises: 1g.10gb x56 (8 GPUs)"),
+        "{e}"
+    );
+    assert!(
+        fix(f).contains(
+            "kubectl label node mig-layout nvidia.com/mig.config=all-3g.40gb --overwrite"
+        ),
+        "{f}"
+    );
+    for quiet in ["mig-recent", "mig-ok"] {
+        let codes = d.codes_about(quiet);
+        assert!(
+            !codes.iter().any(|c| c.starts_with("mig-")),
+            "{quiet}: {codes:?}"
+        );
+    }
+
+    // Drivers.
+    let f = d.one("driver-too-old", "drv-old");
+    assert_eq!(f["severity"], "warning");
+    assert!(
+        evidence(f).contains("nvidia.com/cuda.driver-version.full=525.60.13")
+            && fix(f).contains("R535"),
+        "{f}"
+    );
+    let f = d.one("driver-below-model-minimum", "drv-h200");
+    assert_eq!(f["severity"], "critical");
+    assert!(
+        evidence(f).contains("535.183.01; H200 needs driver R550 or newer")
+            && fix(f).contains("upgrade the NVIDIA driver on drv-h200 to R550"),
+        "{f}"
+    );
+    assert!(
+        !d.codes_about("drv-h200")
+            .contains(&"driver-too-old".to_string())
+    );
+    let f = d.one("mixed-drivers", "pool-a-3");
+    assert_eq!(f["severity"], "warning");
+    let e = evidence(f);
+    assert!(
+        e.contains("550.107.02: 2 node(s): pool-a-1, pool-a-2")
+            && e.contains("550.54.15: 1 node(s): pool-a-3"),
+        "{e}"
+    );
+    assert!(fix(f).contains("upgrade pool-a-3 to 550.107.02"), "{f}");
+    for quiet in ["pool-a-1", "pool-b-1", "pool-b-2", "oom-node"] {
+        let codes = d.codes_about(quiet);
+        assert!(
+            !codes
+                .iter()
+                .any(|c| c.starts_with("driver-") || c == "mixed-drivers"),
+            "{quiet}: {codes:?}"
+        );
+    }
+
+    // Memory.
+    let f = d.one("oom-killed", "oomed");
+    assert_eq!(f["severity"], "warning");
+    assert_eq!(f["category"], "memory");
+    assert!(
+        evidence(f).contains("container cuda (last state): OOMKilled, exit code 137, ")
+            && evidence(f).contains("restarts 3; memory limit 8Gi"),
+        "{f}"
+    );
+    assert!(
+        fix(f).contains(
+            "kubectl -n default set resources pod/oomed -c cuda --limits=memory=<2x 8Gi>"
+        ),
+        "{f}"
+    );
+    assert!(
+        !d.codes_about("errored").contains(&"oom-killed".to_string()),
+        "exit 137 with reason Error is no OOM kill: {:?}",
+        d.codes_about("errored")
+    );
+
+    // Cost.
+    let f = d.one("idle-allocated-gpu", "idle-job");
+    assert_eq!(
+        f["severity"], "info",
+        "an instant sample is only a hint: {f}"
+    );
+    let e = evidence(f);
+    assert!(
+        e.contains("holds nvidia.com/gpu: 1")
+            && e.contains("DCGM_FI_DEV_GPU_UTIL 0% (now (one sample)) on GPU")
+            && e.contains("on cost-node"),
+        "{e}"
+    );
+    assert!(
+        fix(f).contains("kubectl -n default delete pod idle-job"),
+        "{f}"
+    );
+    assert!(
+        !d.codes_about("busy-job")
+            .contains(&"idle-allocated-gpu".to_string()),
+        "a GPU at 90% is busy: {:?}",
+        d.codes_about("busy-job")
+    );
+    let f = d.one("unusable-free-gpus", "team-node");
+    assert_eq!(f["severity"], "warning");
+    assert!(
+        evidence(f).contains("team=research:NoSchedule; none of the"),
+        "{f}"
+    );
+    assert!(
+        fix(f).contains("kubectl taint node team-node team:NoSchedule-"),
+        "{f}"
+    );
+    let f = d.one("unusable-free-gpus", "cordoned-node");
+    assert_eq!(f["severity"], "info");
+    assert!(fix(f).contains("kubectl uncordon cordoned-node"), "{f}");
+    assert!(
+        !d.codes_about("tolerated-node")
+            .contains(&"unusable-free-gpus".to_string()),
+        "a running pod tolerates team2: {:?}",
+        d.codes_about("tolerated-node")
+    );
+
+    // The same findings without metrics, minus the idle one.
+    let plain = doctor(&cluster, &["--idle-after", "1s"]);
+    assert!(plain.codes_about("idle-job").is_empty(), "{}", plain.text);
+    plain.one("oom-killed", "oomed");
+    plain.one("gpu-unhealthy", "hl-xid48");
 }

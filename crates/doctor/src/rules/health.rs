@@ -70,6 +70,21 @@ fn hosts(samples: &[Sample]) -> BTreeMap<String, Host> {
     out
 }
 
+/// GPU indexes named in a condition message (`GPU 3 (GPU-...)`); not the `GPU` of
+/// `1 of 1 GPU unhealthy` or `reset the GPU`.
+fn gpus_in(message: &str) -> BTreeSet<String> {
+    message
+        .match_indices("GPU ")
+        .filter_map(|(i, _)| {
+            let idx: String = message[i + 4..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            (!idx.is_empty()).then_some(idx)
+        })
+        .collect()
+}
+
 /// XID numbers named in a condition message (`XID 48`, `Xid 79`).
 fn xids_in(message: &str) -> Vec<u64> {
     let lower = message.to_ascii_lowercase();
@@ -176,17 +191,7 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
         for x in xids_in(msg) {
             classes.push(xid::describe(x).class);
         }
-        for word in msg.split([';', ',']) {
-            if let Some(i) = word.find("GPU ") {
-                let idx: String = word[i + 4..]
-                    .chars()
-                    .take_while(char::is_ascii_digit)
-                    .collect();
-                if !idx.is_empty() {
-                    gpus.insert(idx);
-                }
-            }
-        }
+        gpus.extend(gpus_in(msg));
     }
     if let Some(t) = n.taints.iter().find(|t| t.key == TAINT) {
         evidence.push(format!("taint {}", crate::fit::describe_taint(t)));
@@ -292,7 +297,34 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
     let mut f =
         Finding::new(severity, Category::Health, code, title).object(ObjectRef::node(n.name));
     f.evidence = evidence;
-    vec![f.fix(fix_for(worst, n.name, &gpu_list, lost))]
+    let fix = if code == "unhealthy-devices" && classes.is_empty() {
+        withheld_fix(n)
+    } else {
+        fix_for(worst, n.name, &gpu_list, lost)
+    };
+    vec![f.fix(fix)]
+}
+
+/// Devices withheld with no condition or XID saying which: the agent's log does.
+fn withheld_fix(n: &NodeView<'_>) -> String {
+    let log = match n.agents.first() {
+        Some(a) => format!(
+            "kubectl -n {} logs {}",
+            a.metadata.namespace.as_deref().unwrap_or("NS"),
+            a.metadata.name.as_deref().unwrap_or("POD")
+        ),
+        None => format!(
+            "find its pod with kubectl get pods -A -o wide --field-selector spec.nodeName={}",
+            n.name
+        ),
+    };
+    format!(
+        "the device plugin's log says which devices it marks unhealthy and why ({log}); so does \
+         kubectl describe node {0} when the agent sets GPUHealthy; reset a faulty GPU \
+         (nvidia-smi -r -i <index>) or drain and reboot {0}; the plugin advertises the device again \
+         once it is healthy",
+        n.name
+    )
 }
 
 fn metrics_only(name: &str, host: &Host) -> Vec<Finding> {
@@ -325,7 +357,7 @@ fn metrics_only(name: &str, host: &Host) -> Vec<Finding> {
 
 #[cfg(test)]
 mod tests {
-    use super::xids_in;
+    use super::{gpus_in, xids_in};
     use crate::testkit::*;
 
     #[test]
@@ -335,6 +367,42 @@ mod tests {
             vec![48, 79]
         );
         assert!(xids_in("all healthy").is_empty());
+    }
+
+    #[test]
+    fn gpu_indexes_from_condition_messages() {
+        let got = |m: &str| gpus_in(m).into_iter().collect::<Vec<_>>();
+        // The agent's wording on a one-GPU node: `GPU unhealthy` is no index.
+        assert_eq!(
+            got(
+                "1 of 1 GPU unhealthy: GPU 0 (GPU-0): XID 79 (GPU has fallen off the bus): reboot the node"
+            ),
+            vec!["0"]
+        );
+        assert_eq!(
+            got(
+                "2 of 8 GPUs unhealthy: GPU 2 (GPU-2): XID 48 (double-bit ECC error): drain the node and reset the GPU; GPU 6 (GPU-6): lost"
+            ),
+            vec!["2", "6"]
+        );
+        assert!(got("all 8 GPUs are healthy").is_empty());
+    }
+
+    #[test]
+    fn withheld_devices_without_a_cause_point_at_the_plugin_log() {
+        let mut n = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+        set_resource(&mut n, "nvidia.com/gpu", 8, 6);
+        let f = run(&snapshot(vec![n], vec![], vec![]));
+        let got = one(&f, "unhealthy-devices");
+        assert_eq!(got.severity, crate::Severity::Warning);
+        assert!(got.evidence[0].contains("withholds 2"), "{got:#?}");
+        assert!(
+            got.fix.contains("--field-selector spec.nodeName=gpu-1")
+                && got.fix.contains("kubectl describe node gpu-1")
+                && !got.fix.contains("  "),
+            "{}",
+            got.fix
+        );
     }
 
     #[test]
