@@ -15,4 +15,6 @@ pub enum LabelError {
     MpsWithMig { gpus: Vec<u32> },
     #[error("invalid resource name in the sharing config: {0}")]
     InvalidResourceName(String),
+    #[error("annotation gpuops.io/gpu-health is not a health report: {0}")]
+    InvalidHealthAnnotation(String),
 }

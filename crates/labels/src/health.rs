@@ -1,5 +1,6 @@
 //! The node's `GPUHealthy` condition and `NoSchedule` taint, decided from the unhealthy devices.
 
+use crate::LabelError;
 use gpuops_catalog::xid;
 use gpuops_inventory::{Health, Inventory};
 use serde::{Deserialize, Serialize};
@@ -93,6 +94,86 @@ pub struct HealthDecision {
     pub condition: NodeCondition,
     /// The taint that should be on the node; `None`: the policy's taint key should be absent.
     pub taint: Option<Taint>,
+    /// The same problems as data, for [`GPU_HEALTH_ANNOTATION`].
+    pub report: HealthReport,
+}
+
+/// Node annotation holding [`HealthReport`] as JSON. Tools (the doctor) read this instead of the
+/// condition's message, whose wording is for people and may change.
+pub const GPU_HEALTH_ANNOTATION: &str = "gpuops.io/gpu-health";
+
+/// The problems behind the `GPUHealthy` condition, as published in [`GPU_HEALTH_ANNOTATION`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HealthReport {
+    /// Format version; readers refuse versions they do not know.
+    pub version: u32,
+    /// Problems that make the condition `False` (fatal XIDs, lost or unreachable GPUs).
+    pub problems: Vec<GpuProblem>,
+    /// Non-fatal XIDs currently held, which do not count against the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<GpuProblem>,
+}
+
+/// The [`HealthReport`] format this crate writes and reads.
+pub const HEALTH_REPORT_VERSION: u32 = 1;
+
+/// One problem on one GPU, or on one MIG device of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProblem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_index: Option<u32>,
+    /// `GPU-…`; empty when the driver gave only an index.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gpu_uuid: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_uuid: Option<String>,
+    #[serde(flatten)]
+    pub kind: ProblemKind,
+}
+
+/// What is wrong with a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum ProblemKind {
+    Xid { xid: u64 },
+    Lost,
+    Unreachable { reason: String },
+}
+
+impl HealthReport {
+    /// The annotation's value.
+    pub fn to_annotation(&self) -> String {
+        // A struct of strings and integers always serializes.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses an annotation's value written by [`HealthReport::to_annotation`].
+    pub fn from_annotation(value: &str) -> Result<Self, LabelError> {
+        let report: HealthReport = serde_json::from_str(value)
+            .map_err(|e| LabelError::InvalidHealthAnnotation(e.to_string()))?;
+        if report.version != HEALTH_REPORT_VERSION {
+            return Err(LabelError::InvalidHealthAnnotation(format!(
+                "version {} is not the supported version {HEALTH_REPORT_VERSION}",
+                report.version
+            )));
+        }
+        Ok(report)
+    }
+}
+
+impl From<&Problem> for GpuProblem {
+    fn from(p: &Problem) -> Self {
+        GpuProblem {
+            gpu_index: p.index,
+            gpu_uuid: p.gpu_uuid.clone(),
+            mig_uuid: p.mig_uuid.clone(),
+            kind: match &p.kind {
+                Kind::Xid(x) => ProblemKind::Xid { xid: *x },
+                Kind::Lost => ProblemKind::Lost,
+                Kind::Unreachable(r) => ProblemKind::Unreachable { reason: r.clone() },
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -216,7 +297,16 @@ pub fn gpu_health(
             value: condition.reason.clone(),
             effect: "NoSchedule".to_string(),
         });
-    HealthDecision { condition, taint }
+    let report = HealthReport {
+        version: HEALTH_REPORT_VERSION,
+        problems: problems.iter().map(GpuProblem::from).collect(),
+        ignored: ignored.iter().map(GpuProblem::from).collect(),
+    };
+    HealthDecision {
+        condition,
+        taint,
+        report,
+    }
 }
 
 fn condition(status: ConditionStatus, reason: &str, message: String) -> NodeCondition {
@@ -477,5 +567,49 @@ mod tests {
         let d = gpu_health(&Inventory::default(), &[], &HealthPolicy::default());
         assert_eq!(d.condition.status, ConditionStatus::True);
         assert_eq!(d.condition.message, "no GPUs on this node");
+    }
+
+    #[test]
+    fn the_report_carries_every_problem_and_round_trips() {
+        let mut i = inv(3);
+        i.gpus[2].health = Health::Lost;
+        let devs = [
+            dev(0, UnhealthyCause::Xid(79)),
+            dev(1, UnhealthyCause::Xid(13)),
+        ];
+        let d = gpu_health(&i, &devs, &HealthPolicy::default());
+        assert_eq!(d.report.version, HEALTH_REPORT_VERSION);
+        let kinds: Vec<(Option<u32>, &ProblemKind)> = d
+            .report
+            .problems
+            .iter()
+            .map(|p| (p.gpu_index, &p.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (Some(0), &ProblemKind::Xid { xid: 79 }),
+                (Some(2), &ProblemKind::Lost)
+            ]
+        );
+        assert_eq!(d.report.ignored.len(), 1);
+        assert_eq!(d.report.ignored[0].kind, ProblemKind::Xid { xid: 13 });
+        let text = d.report.to_annotation();
+        assert!(text.contains(r#""kind":"xid","xid":79"#), "{text}");
+        assert_eq!(HealthReport::from_annotation(&text), Ok(d.report.clone()));
+
+        let healthy = gpu_health(&inv(2), &[], &HealthPolicy::default());
+        assert!(healthy.report.problems.is_empty());
+    }
+
+    #[test]
+    fn a_bad_or_newer_report_is_refused() {
+        for bad in ["", "GPU 0: XID 79", r#"{"version":2,"problems":[]}"#] {
+            let err = HealthReport::from_annotation(bad).unwrap_err();
+            assert!(
+                err.to_string().contains("gpuops.io/gpu-health"),
+                "{bad}: {err}"
+            );
+        }
     }
 }

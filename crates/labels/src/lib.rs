@@ -20,8 +20,9 @@ mod product;
 pub use error::LabelError;
 pub use gfd::{LabelContext, PCI_CLASS_3D_CONTROLLER, PCI_CLASS_VGA_CONTROLLER, gfd_labels};
 pub use health::{
-    ConditionStatus, DEFAULT_TAINT_KEY, GPU_HEALTHY_CONDITION, HealthDecision, HealthPolicy,
-    NodeCondition, Taint, UnhealthyCause, UnhealthyDevice, gpu_health,
+    ConditionStatus, DEFAULT_TAINT_KEY, GPU_HEALTH_ANNOTATION, GPU_HEALTHY_CONDITION, GpuProblem,
+    HEALTH_REPORT_VERSION, HealthDecision, HealthPolicy, HealthReport, NodeCondition, ProblemKind,
+    Taint, UnhealthyCause, UnhealthyDevice, gpu_health,
 };
 pub use keys::{RESOURCE_LABEL_SUFFIXES, owned_label_key};
 pub use nfd::{NFD_FEATURES_DIR, NFD_MAX_FILE_SIZE, nfd_feature_file};
