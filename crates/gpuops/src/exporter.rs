@@ -218,33 +218,45 @@ fn process_usage() -> (Option<u64>, Option<f64>) {
 }
 
 /// Binds the metrics address now, so a taken port fails the start with a clear message.
-pub fn bind(address: SocketAddr) -> Result<std::net::TcpListener> {
-    crate::http::bind(
+pub fn bind(address: SocketAddr) -> Result<gpuops_serve::Listener> {
+    Ok(gpuops_serve::bind(
         address,
         "metrics",
         "is another exporter, e.g. NVIDIA's dcgm-exporter, using the port? choose another with --metrics-address",
-    )
+    )?)
 }
 
-/// Serves `/metrics` (and `/healthz`) until `shutdown` turns true.
+/// Serves `/metrics` (and `/healthz`, `/readyz`) until `shutdown` turns true; ready once the first
+/// collection is published.
 pub async fn serve(
-    listener: std::net::TcpListener,
+    listener: gpuops_serve::Listener,
     served: Arc<Served>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    crate::http::serve(
+    let probes = gpuops_serve::Probes::new();
+    let mut body = served.body.clone();
+    let latch = Arc::clone(&probes);
+    tokio::spawn(async move {
+        if body.wait_for(|b| !b.is_empty()).await.is_ok() {
+            latch.set_ready(true);
+        }
+    });
+    gpuops_serve::serve(
         listener,
+        probes,
+        gpuops_serve::Options::default(),
         move |req| {
             let reply = respond(&served, &req);
             async move { reply }
         },
         shutdown,
     )
-    .await
+    .await?;
+    Ok(())
 }
 
 fn respond<B>(served: &Served, req: &Request<B>) -> Response<Full<Bytes>> {
-    use crate::http::reply;
+    use gpuops_serve::reply;
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -266,7 +278,6 @@ fn respond<B>(served: &Served, req: &Request<B>) -> Response<Full<Bytes>> {
                 Bytes::from(bytes),
             )
         }
-        "/healthz" => reply(StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")),
         "/" => reply(
             StatusCode::OK,
             "text/html",

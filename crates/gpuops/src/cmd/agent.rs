@@ -580,7 +580,7 @@ struct Plugins {
 struct Metrics {
     exporter: crate::exporter::Exporter,
     served: Arc<crate::exporter::Served>,
-    listener: std::net::TcpListener,
+    listener: gpuops_serve::Listener,
 }
 
 /// The plugins' feed: republished on every snapshot and at once on every counted XID.
@@ -791,7 +791,7 @@ async fn agent_loop(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
-    let shutdown = crate::http::shutdown_signal();
+    let shutdown = gpuops_serve::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
