@@ -3,7 +3,8 @@
 use super::node_model;
 use crate::Options;
 use crate::cluster::{
-    COUNT, Cluster, DRIVER_FULL, DRIVER_MAJOR, MIG_CONFIG_STATE, NodeView, PRODUCT, list_some,
+    COUNT, Cluster, DRIVER_FULL, DRIVER_MAJOR, MIG_CONFIG_STATE, NodeView, OLD_DRIVER_MAJOR,
+    OLD_DRIVER_MINOR, OLD_DRIVER_REV, PRODUCT, list_some,
 };
 use crate::finding::{Category, Finding, ObjectRef, Severity};
 use std::collections::BTreeMap;
@@ -29,7 +30,9 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     out
 }
 
-fn driver<'n>(n: &'n NodeView<'_>) -> Option<(&'n str, u32)> {
+/// The driver version and its major number, from GFD's `cuda.driver-version.*` labels or the
+/// older `cuda.driver.major/.minor/.rev` ones; the label it came from, for evidence.
+fn driver(n: &NodeView<'_>) -> Option<(String, u32, &'static str)> {
     let full = n.label(DRIVER_FULL);
     let major = n
         .label(DRIVER_MAJOR)
@@ -37,8 +40,34 @@ fn driver<'n>(n: &'n NodeView<'_>) -> Option<(&'n str, u32)> {
         .or_else(|| {
             full.and_then(|f| f.split('.').next())
                 .and_then(|m| m.parse().ok())
-        })?;
-    Some((full.or(n.label(DRIVER_MAJOR)).unwrap_or(""), major))
+        });
+    if let Some(major) = major {
+        let text = full.or(n.label(DRIVER_MAJOR)).unwrap_or("").to_string();
+        let from = if full.is_some() {
+            DRIVER_FULL
+        } else {
+            DRIVER_MAJOR
+        };
+        return Some((text, major, from));
+    }
+    let major: u32 = n.label(OLD_DRIVER_MAJOR)?.trim().parse().ok()?;
+    let parts: Vec<&str> = [OLD_DRIVER_MINOR, OLD_DRIVER_REV]
+        .iter()
+        .filter_map(|k| n.label(k).map(str::trim).filter(|v| !v.is_empty()))
+        .collect();
+    let mut text = major.to_string();
+    for p in parts {
+        text.push('.');
+        text.push_str(p);
+    }
+    Some((text, major, OLD_DRIVER_MAJOR))
+}
+
+/// Whether any driver label, new or old, is on the node.
+fn has_driver_label(n: &NodeView<'_>) -> bool {
+    [DRIVER_FULL, DRIVER_MAJOR, OLD_DRIVER_MAJOR]
+        .iter()
+        .any(|k| n.label(k).is_some())
 }
 
 fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
@@ -123,7 +152,7 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
              (kubectl describe node {}) and the agent's log ({agent_hint})",
             n.name
         )
-    } else if n.label(DRIVER_FULL).is_none() && n.label(DRIVER_MAJOR).is_none() {
+    } else if !has_driver_label(n) {
         f.title = format!(
             "GPU node {}: no device plugin registered and no driver version label",
             n.name
@@ -146,7 +175,7 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
 }
 
 fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
-    let (full, major) = driver(n)?;
+    let (full, major, from) = driver(n)?;
     let model = node_model(n);
     if let Some(m) = model
         && major < m.min_driver_major
@@ -159,7 +188,8 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
                 format!("Node {}: driver {full} is older than {} needs", n.name, m.key),
             )
             .object(ObjectRef::node(n.name))
-            .evidence(format!("{DRIVER_FULL}={full}; {} needs driver R{} or newer", m.key, m.min_driver_major))
+            .evidence(format!("{from}={}; {} needs driver R{} or newer", n.label(from).unwrap_or(""), m.key, m.min_driver_major))
+            .evidence(format!("driver {full}"))
             .fix(format!(
                 "upgrade the NVIDIA driver on {} to R{} or newer (drain first: kubectl drain {} --ignore-daemonsets)",
                 n.name,
@@ -176,7 +206,8 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
             format!("Node {}: driver {full} is older than R{}", n.name, o.min_driver_major),
         )
         .object(ObjectRef::node(n.name))
-        .evidence(format!("{DRIVER_FULL}={full}"))
+        .evidence(format!("{from}={}", n.label(from).unwrap_or("")))
+        .evidence(format!("driver {full}"))
         .fix(format!(
             "upgrade to a supported branch (R{} or newer): kubectl drain {} --ignore-daemonsets, install the driver, reboot, uncordon",
             o.min_driver_major, n.name
@@ -195,9 +226,11 @@ fn pool_of<'a>(n: &'a NodeView<'_>) -> (String, &'a str) {
 
 fn mixed_drivers(c: &Cluster<'_>) -> Vec<Finding> {
     // pool -> driver -> nodes
-    let mut pools: BTreeMap<(String, &str), BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+    let mut pools: BTreeMap<(String, &str), BTreeMap<String, Vec<&str>>> = BTreeMap::new();
     for n in c.gpu_nodes() {
-        let Some((full, _)) = driver(n) else { continue };
+        let Some((full, _, _)) = driver(n) else {
+            continue;
+        };
         pools
             .entry(pool_of(n))
             .or_default()
@@ -212,8 +245,8 @@ fn mixed_drivers(c: &Cluster<'_>) -> Vec<Finding> {
             let newest = drivers
                 .keys()
                 .max_by_key(|v| v.split('.').map(|p| p.parse::<u64>().unwrap_or(0)).collect::<Vec<_>>())
-                .copied()
-                .unwrap_or("");
+                .cloned()
+                .unwrap_or_default();
             let stragglers: Vec<&str> = drivers
                 .iter()
                 .filter(|(v, _)| **v != newest)
@@ -282,6 +315,46 @@ mod tests {
         let p = running(pod("ml", "all", &[("nvidia.com/gpu", 8)]), "gpu-5");
         let f = run(&snapshot(vec![full, node("cpu-1")], vec![p], vec![]));
         assert!(with_code(&f, "zero-allocatable").is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn older_gfd_driver_labels_are_read() {
+        // GFD before the cuda.driver-version.* form wrote cuda.driver.major/minor/rev.
+        let mut old = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+        unlabel(&mut old, "nvidia.com/cuda.driver-version.full");
+        unlabel(&mut old, "nvidia.com/cuda.driver-version.major");
+        label(&mut old, "nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB");
+        label(&mut old, "nvidia.com/cuda.driver.major", "470");
+        label(&mut old, "nvidia.com/cuda.driver.minor", "57");
+        label(&mut old, "nvidia.com/cuda.driver.rev", "02");
+        let f = run(&snapshot(vec![old.clone()], vec![], vec![]));
+        let got = one(&f, "driver-too-old");
+        assert!(
+            got.evidence
+                .iter()
+                .any(|e| e == "nvidia.com/cuda.driver.major=470")
+                && got.evidence.iter().any(|e| e == "driver 470.57.02"),
+            "{got:#?}"
+        );
+        // Look-alike: a current driver in the old labels is fine, and counts as a driver label
+        // (a node with no plugin is then "not registered", not "no driver").
+        let mut new = old.clone();
+        label(&mut new, "nvidia.com/cuda.driver.major", "550");
+        assert!(
+            with_code(
+                &run(&snapshot(vec![new.clone()], vec![], vec![])),
+                "driver-too-old"
+            )
+            .is_empty()
+        );
+        let mut bare = node("gpu-2");
+        label(&mut bare, "nvidia.com/gpu.present", "true");
+        label(&mut bare, "nvidia.com/cuda.driver.major", "550");
+        let f = run(&snapshot(vec![bare], vec![], vec![]));
+        assert!(
+            one(&f, "zero-allocatable").title.contains("not registered"),
+            "{f:#?}"
+        );
     }
 
     #[test]
