@@ -4,6 +4,7 @@ mod cost;
 mod health;
 mod memory;
 mod mig;
+mod moves;
 mod nodes;
 mod pending;
 mod workload;
