@@ -173,6 +173,14 @@ impl Finding {
         self
     }
 
+    /// Records the command, if any.
+    pub(crate) fn commands_from(self, c: Option<String>) -> Finding {
+        match c {
+            Some(c) => self.command(c),
+            None => self,
+        }
+    }
+
     /// Records a command the fix names (see [`Finding::commands`]).
     pub(crate) fn command(mut self, c: impl Into<String>) -> Finding {
         let c = c.into();
