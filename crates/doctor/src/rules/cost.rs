@@ -41,7 +41,11 @@ fn money(v: f64) -> String {
 
 /// `N GPU-hours per hour (at 2.50/GPU-hour: 20.00/hour, 480.00/day)`.
 fn waste_rate(gpus: f64, price: Option<f64>) -> String {
-    let mut s = format!("wastes {} GPU-hour{} per hour", trim(gpus), if gpus == 1.0 { "" } else { "s" });
+    let mut s = format!(
+        "wastes {} GPU-hour{} per hour",
+        trim(gpus),
+        if gpus == 1.0 { "" } else { "s" }
+    );
     if let Some(p) = price {
         s.push_str(&format!(
             " (at {}/GPU-hour: {}/hour, {}/day)",
@@ -228,9 +232,9 @@ fn unusable_free(c: &Cluster<'_>, o: &Options, n: &NodeView<'_>) -> Vec<Finding>
         });
         if !anyone {
             let taints: Vec<String> = blocking.iter().map(|t| fit::describe_taint(t)).collect();
-            let remove = blocking.first().map(|t| {
-                format!("kubectl taint node {} {}:{}-", n.name, t.key, t.effect)
-            });
+            let remove = blocking
+                .first()
+                .map(|t| format!("kubectl taint node {} {}:{}-", n.name, t.key, t.effect));
             return vec![
                 Finding::new(
                     Severity::Warning,
@@ -280,7 +284,11 @@ fn unusable_free(c: &Cluster<'_>, o: &Options, n: &NodeView<'_>) -> Vec<Finding>
                     .map(|d| format!("; node age {d}"))
                     .unwrap_or_default()
             ))
-            .evidence(format!("{} free GPUs: {}", trim(free_gpus(n)), waste_rate(free_gpus(n), price(o, Some(n)))))
+            .evidence(format!(
+                "{} free GPUs: {}",
+                trim(free_gpus(n)),
+                waste_rate(free_gpus(n), price(o, Some(n)))
+            ))
             .fix(
                 "if it stays idle, let the autoscaler remove it (or scale its pool down)"
                     .to_string(),
@@ -347,7 +355,10 @@ mod tests {
     fn idle_gpus_carry_gpu_hours_and_money() {
         let mut n = gpu_node("gpu-1", "nvidia.com/gpu", 8);
         annotate(&mut n, "gpuops.io/gpu-hour-price", "2.5");
-        let pods = vec![running(pod("ml", "idle", &[("nvidia.com/gpu", 1)]), "gpu-1")];
+        let pods = vec![running(
+            pod("ml", "idle", &[("nvidia.com/gpu", 1)]),
+            "gpu-1",
+        )];
         let mut s = snapshot(vec![n.clone()], pods.clone(), vec![]);
         s.metrics = vec![util("idle", 0.0)];
         s.utilization_window = Some(Duration::from_secs(3600));

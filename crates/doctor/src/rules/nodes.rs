@@ -23,6 +23,7 @@ const POOL_LABELS: &[&str] = &[
 pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     let mut out = Vec::new();
     for n in c.gpu_nodes() {
+        out.extend(not_ready(c, n));
         out.extend(zero_allocatable(n));
         out.extend(old_driver(n, o));
     }
@@ -68,6 +69,48 @@ fn has_driver_label(n: &NodeView<'_>) -> bool {
     [DRIVER_FULL, DRIVER_MAJOR, OLD_DRIVER_MAJOR]
         .iter()
         .any(|k| n.label(k).is_some())
+}
+
+/// A GPU node whose kubelet stopped reporting (Ready False/Unknown, or the lifecycle taints).
+fn not_ready(c: &Cluster<'_>, n: &NodeView<'_>) -> Option<Finding> {
+    if n.not_ready().is_none() && !n.lifecycle_tainted() {
+        return None;
+    }
+    let why = n.unavailable(c.now()).unwrap_or_default();
+    let mut f = Finding::new(
+        Severity::Warning,
+        Category::Node,
+        "gpu-node-not-ready",
+        format!(
+            "GPU node {} is NotReady: its {} GPUs take no pods",
+            n.name,
+            n.gpu_count()
+        ),
+    )
+    .object(ObjectRef::node(n.name))
+    .evidence(why);
+    let lifecycle: Vec<String> = n
+        .taints
+        .iter()
+        .filter(|t| crate::cluster::LIFECYCLE_TAINTS.contains(&t.key.as_str()))
+        .map(crate::fit::describe_taint)
+        .collect();
+    if !lifecycle.is_empty() {
+        f = f.evidence(format!(
+            "taints set by the node lifecycle controller: {}",
+            lifecycle.join(", ")
+        ));
+    }
+    Some(
+        f.fix(format!(
+            "the taints lift by themselves when the kubelet reports again (do not remove them or \
+             tolerate them): check the node (kubectl describe node {0}: conditions and last heartbeat); \
+             on it: systemctl status kubelet, journalctl -u kubelet, the container runtime, its network \
+             to the API server; a node that stays down: kubectl drain {0} --ignore-daemonsets and replace it",
+            n.name
+        ))
+        .command(format!("kubectl describe node {}", n.name)),
+    )
 }
 
 fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
@@ -121,17 +164,24 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
         ));
         f = f.object(ObjectRef::pod(ns, name));
     }
-    let agent_hint = match n.agents.first() {
-        Some(a) => format!(
-            "kubectl -n {} logs {}",
-            a.metadata.namespace.as_deref().unwrap_or("NS"),
-            a.metadata.name.as_deref().unwrap_or("POD")
-        ),
-        None => format!(
-            "no agent or device plugin pod runs on {}: check the DaemonSet's nodeSelector/tolerations (kubectl get ds -A -o wide)",
-            n.name
+    let (agent_hint, agent_cmd) = match n.agents.first() {
+        Some(a) => {
+            let cmd = format!(
+                "kubectl -n {} logs {}",
+                a.metadata.namespace.as_deref().unwrap_or("default"),
+                a.metadata.name.as_deref().unwrap_or("")
+            );
+            (cmd.clone(), cmd)
+        }
+        None => (
+            format!(
+                "no agent or device plugin pod runs on {}: check the DaemonSet's nodeSelector/tolerations (kubectl get ds -A -o wide)",
+                n.name
+            ),
+            "kubectl get ds -A -o wide".to_string(),
         ),
     };
+    f = f.command(agent_cmd);
     if matches!(mig_state, Some("pending" | "rebooting")) {
         f.severity = Severity::Info;
         f.title = format!(
@@ -142,6 +192,7 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
             "wait for the MIG reconfiguration to finish (the state becomes success); see the MIG finding if it takes long",
         ));
     }
+    f = f.command(format!("kubectl describe node {}", n.name));
     let fix = if capacity > 0 {
         f.title = format!(
             "GPU node {} has {capacity} GPU devices, all unhealthy",
@@ -195,7 +246,8 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
                 n.name,
                 m.min_driver_major.max(o.min_driver_major),
                 n.name
-            )),
+            ))
+            .command(format!("kubectl drain {} --ignore-daemonsets", n.name)),
         );
     }
     (major < o.min_driver_major).then(|| {
@@ -209,9 +261,11 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
         .evidence(format!("{from}={}", n.label(from).unwrap_or("")))
         .evidence(format!("driver {full}"))
         .fix(format!(
-            "upgrade to a supported branch (R{} or newer): kubectl drain {} --ignore-daemonsets, install the driver, reboot, uncordon",
-            o.min_driver_major, n.name
+            "upgrade to a supported branch (R{} or newer): kubectl drain {} --ignore-daemonsets, install the driver, reboot, kubectl uncordon {}",
+            o.min_driver_major, n.name, n.name
         ))
+        .command(format!("kubectl drain {} --ignore-daemonsets", n.name))
+        .command(format!("kubectl uncordon {}", n.name))
     })
 }
 
@@ -315,6 +369,33 @@ mod tests {
         let p = running(pod("ml", "all", &[("nvidia.com/gpu", 8)]), "gpu-5");
         let f = run(&snapshot(vec![full, node("cpu-1")], vec![p], vec![]));
         assert!(with_code(&f, "zero-allocatable").is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn not_ready_gpu_nodes() {
+        let mut a = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+        ready(
+            &mut a,
+            "Unknown",
+            "NodeStatusUnknown",
+            "Kubelet stopped posting node status.",
+            600,
+        );
+        taint(&mut a, "node.kubernetes.io/unreachable", "", "NoSchedule");
+        let f = run(&snapshot(
+            vec![a, gpu_node("gpu-2", "nvidia.com/gpu", 8)],
+            vec![],
+            vec![],
+        ));
+        let got = one(&f, "gpu-node-not-ready");
+        assert_eq!(got.objects[0].name, "gpu-1");
+        assert!(
+            got.evidence[0].contains("NotReady for 10m (Ready=Unknown NodeStatusUnknown")
+                && got.evidence[1].contains("node.kubernetes.io/unreachable:NoSchedule"),
+            "{got:#?}"
+        );
+        // NotReady nodes are not cost findings (their taints are not "no one tolerates").
+        assert!(with_code(&f, "unusable-free-gpus").is_empty(), "{f:#?}");
     }
 
     #[test]

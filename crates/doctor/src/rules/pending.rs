@@ -752,7 +752,7 @@ fn selector_mismatch(p: &PodView<'_>, offering: &[&NodeView<'_>], want: &str) ->
     f.fix(match suggestion {
         Some(s) => format!(
             "change the pod's nodeSelector/affinity to a value the GPU nodes have, e.g. `{s}`, or \
-             label the intended nodes (kubectl label node NODE KEY=VALUE)"
+             label the intended nodes with it"
         ),
         None => {
             "remove or correct the pod's nodeSelector/affinity, or label the intended GPU nodes"
@@ -791,6 +791,7 @@ fn untolerated(p: &PodView<'_>, nodes: &[&NodeView<'_>], want: &str) -> Finding 
         ));
     }
     let mut fixes = Vec::new();
+    let mut uncordon = None;
     let tolerable: Vec<&Taint> = taints
         .values()
         .map(|(t, _)| t)
@@ -819,6 +820,7 @@ fn untolerated(p: &PodView<'_>, nodes: &[&NodeView<'_>], want: &str) -> Finding 
             "uncordon when maintenance is done: kubectl uncordon {}",
             names.join(" ")
         ));
+        uncordon = Some(format!("kubectl uncordon {}", names.join(" ")));
     }
     if taints
         .values()
@@ -832,7 +834,7 @@ fn untolerated(p: &PodView<'_>, nodes: &[&NodeView<'_>], want: &str) -> Finding 
             break;
         }
     }
-    f.fix(fixes.join("\n"))
+    f.fix(fixes.join("\n")).commands_from(uncordon)
 }
 
 /// Everything GPU-ish the nodes offer: resource -> (nodes, allocatable in total).
@@ -919,11 +921,22 @@ fn mismatch(
     }
     if r == GPU {
         if !migs.is_empty() {
+            let mig_node = gpu_nodes
+                .iter()
+                .find(|node| {
+                    node.allocatable
+                        .keys()
+                        .any(|k| resources::mig_profile(k).is_some())
+                })
+                .map_or("NODE", |node| node.name);
+            let off = format!(
+                "kubectl label node {mig_node} nvidia.com/mig.config=all-disabled --overwrite"
+            );
             return finding("resource-mismatch")
+                .command(off.clone())
                 .evidence("nodes run MIG with strategy mixed: whole GPUs are advertised as nvidia.com/mig-<profile>, not nvidia.com/gpu")
                 .fix(format!(
-                    "request a MIG instance instead, e.g. `{}: {n}` (offered: {}), or turn MIG off on a node: \
-                     kubectl label node NODE nvidia.com/mig.config=all-disabled --overwrite",
+                    "request a MIG instance instead, e.g. `{}: {n}` (offered: {}), or turn MIG off on a node: {off}",
                     migs[migs.len() - 1],
                     list_some(migs.iter(), 8)
                 ));
@@ -1002,11 +1015,15 @@ fn mig_not_offered(
         } else {
             String::new()
         };
-        return f.fix(format!(
-            "repartition a node: kubectl label node {} nvidia.com/mig.config={config} --overwrite{also}; \
-             or request a profile that is offered",
+        let cmd = format!(
+            "kubectl label node {} nvidia.com/mig.config={config} --overwrite",
             nodes.first().copied().unwrap_or("NODE")
-        ));
+        );
+        return f
+            .fix(format!(
+                "repartition a node: {cmd}{also}; or request a profile that is offered"
+            ))
+            .command(cmd);
     }
     // No model in the cluster has it: suggest the same-size profile of the models present.
     let slices = profile
