@@ -58,6 +58,10 @@ pub struct Gpu {
     /// Full 32-bit `pciDeviceId` (device << 16 | vendor), e.g. `0x233010DE`.
     pub pci_device_id: u32,
     pub pci_subsystem_id: u32,
+    /// PCI class code (`0x030200` 3D controller = compute mode, `0x030000` VGA = graphics mode);
+    /// `None` when neither NVML nor sysfs told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_class: Option<u32>,
     /// `/dev/nvidiaN`'s N.
     pub minor_number: Option<u32>,
     pub serial: Option<String>,

@@ -20,6 +20,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+/// Where sysfs is read by default.
+pub const DEFAULT_SYSFS_ROOT: &str = "/sys";
+
 /// Where the NVML library comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Library {
@@ -47,6 +50,9 @@ pub struct Gpus {
     last_seen: Mutex<HashMap<u32, (String, String)>>,
     /// GI profiles per GPU: immutable for the lifetime of a MIG mode (nvml.h), so read once.
     gi_profiles: Mutex<HashMap<u32, Vec<GiProfileInfo>>>,
+    /// Where sysfs is mounted (`/sys`; a host mount in a container), for the PCI class on drivers
+    /// without `nvmlDeviceGetPciInfoExt`.
+    sysfs_root: PathBuf,
 }
 
 impl std::fmt::Debug for Gpus {
@@ -74,7 +80,14 @@ impl Gpus {
             library,
             last_seen: Mutex::new(HashMap::new()),
             gi_profiles: Mutex::new(HashMap::new()),
+            sysfs_root: PathBuf::from(DEFAULT_SYSFS_ROOT),
         })
+    }
+
+    /// Reads sysfs under `root` instead of `/sys` (e.g. a host's sysfs mounted into a container).
+    pub fn with_sysfs_root(mut self, root: impl Into<PathBuf>) -> Gpus {
+        self.sysfs_root = root.into();
+        self
     }
 
     /// The library this was loaded from.

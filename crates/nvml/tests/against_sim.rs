@@ -1193,3 +1193,27 @@ fn a_gpu_model_the_catalog_does_not_know_still_works() {
         assert!(inv.gpus[0].mig_devices[0].uuid.starts_with("MIG-"));
     });
 }
+
+#[test]
+fn the_pci_class_comes_from_the_driver_per_gpu() {
+    // GPU 0 in display mode (VGA controller), the rest as shipped (3D controller): GFD's
+    // nvidia.com/gpu.mode is read from this.
+    let text = "gpus:\n  - model: L4\n    pci-class: 0x030000\n  - model: L4\n    count: 2\n";
+    let fleet = Fleet::parse(text, "<mode>").unwrap();
+    let sim = Sim::new(&SimState::from_fleet(&fleet, now_ms()).unwrap());
+    with_gpus(&sim, |gpus| {
+        let inv = snapshot(gpus);
+        let classes: Vec<Option<u32>> = inv.gpus.iter().map(|g| g.pci_class).collect();
+        assert_eq!(
+            classes,
+            [Some(0x03_00_00), Some(0x03_02_00), Some(0x03_02_00)]
+        );
+        let labels = gpuops_labels::gfd_labels(
+            &inv,
+            &gpuops_resources::Config::default(),
+            &gpuops_labels::LabelContext::default(),
+        )
+        .unwrap();
+        assert_eq!(labels["nvidia.com/gpu.mode"], "graphics");
+    });
+}
