@@ -6,6 +6,7 @@
 
 mod error;
 mod events;
+mod gpm;
 mod mig;
 mod raw;
 mod snapshot;
@@ -53,6 +54,17 @@ pub struct Gpus {
     /// Where sysfs is mounted (`/sys`; a host mount in a container), for the PCI class on drivers
     /// without `nvmlDeviceGetPciInfoExt`.
     sysfs_root: PathBuf,
+    /// The previous snapshot's GPM samples (activity is the difference to the next).
+    gpm: Mutex<gpm::GpmState>,
+}
+
+impl Drop for Gpus {
+    fn drop(&mut self) {
+        // Samples are driver buffers: give them back before `nvml` shuts the library down.
+        if let Ok(mut state) = self.gpm.lock() {
+            state.free_all(&self.nvml);
+        }
+    }
 }
 
 impl std::fmt::Debug for Gpus {
@@ -81,6 +93,7 @@ impl Gpus {
             last_seen: Mutex::new(HashMap::new()),
             gi_profiles: Mutex::new(HashMap::new()),
             sysfs_root: PathBuf::from(DEFAULT_SYSFS_ROOT),
+            gpm: Mutex::new(gpm::GpmState::default()),
         })
     }
 

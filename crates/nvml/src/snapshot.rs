@@ -225,10 +225,25 @@ impl Gpus {
                 MigState::default()
             }
         };
-        let mig_devices = if mig.current_enabled {
+        let mut mig_devices = if mig.current_enabled {
             self.mig_devices(&d, index, memory.total_mib, &mut r)?
         } else {
             Vec::new()
+        };
+        let activity = if live {
+            let mut gis: Vec<(u32, u32, u32)> = mig_devices
+                .iter()
+                .map(|m| (m.gi_id, m.gi_profile_id, m.placement_start))
+                .collect();
+            gis.dedup();
+            let sampled =
+                crate::gpm::sample_gpu(&self.nvml, &self.gpm, &d, index, &uuid, &gis, r.warnings)?;
+            for m in &mut mig_devices {
+                m.activity = sampled.instances.get(&m.gi_id).copied();
+            }
+            sampled.gpu
+        } else {
+            None
         };
         Ok(Gpu {
             index,
@@ -278,6 +293,7 @@ impl Gpus {
             } else {
                 Telemetry::default()
             },
+            activity,
             health: Health::Healthy,
         })
     }
@@ -370,6 +386,7 @@ impl Gpus {
             gi_slices,
             ci_slices: ci_profile.sliceCount,
             fb,
+            activity: None,
         })
     }
 

@@ -76,6 +76,10 @@ pub struct SimGpu {
     /// Energy counted before the last power change, and when that change happened.
     pub energy_base_mj: u64,
     pub power_since_unix_ms: u64,
+    /// When `gpuops sim load` last changed the load: GPM metrics of an interval spanning it mix
+    /// the rates before and after.
+    #[serde(default)]
+    pub load_since_unix_ms: u64,
 }
 
 /// The far end of one NVLink.
@@ -211,6 +215,7 @@ impl SimState {
                     pci_class: group.pci_class,
                     energy_base_mj: 0,
                     power_since_unix_ms: now_ms,
+                    load_since_unix_ms: now_ms,
                 }
             })
             .collect();
