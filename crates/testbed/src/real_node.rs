@@ -519,14 +519,18 @@ serializeImagePulls: false
             k.stop();
         }
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut killed = Vec::new();
         loop {
             let pods = kubepods_pids();
             let shims = self.namespace_pids();
-            if pods.is_empty() && shims.is_empty() {
+            // Gone from its cgroup is not yet gone: wait until whoever inherited them reaped them.
+            killed.retain(|pid| Path::new(&format!("/proc/{pid}")).exists());
+            if pods.is_empty() && shims.is_empty() && killed.is_empty() {
                 break;
             }
             for pid in pods.iter().chain(&shims) {
                 kill(*pid);
+                killed.push(*pid);
             }
             if Instant::now() >= deadline {
                 eprintln!("real node: processes still running after 20 s: {pods:?} {shims:?}");

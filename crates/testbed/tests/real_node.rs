@@ -141,6 +141,7 @@ fn links_named_gpo() -> usize {
     let own = format!("gpo{:06x}", std::process::id() & 0xff_ffff);
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains(&own))
+        // `N: NAME: <flags>` (a veth on the bridge says `master NAME` further on)
+        .filter(|l| l.split(": ").nth(1) == Some(own.as_str()))
         .count()
 }
