@@ -453,15 +453,10 @@ pub fn read_checkpoint(path: &Path) -> Result<Option<Checkpoint>> {
     }
 }
 
-/// Writes a checkpoint atomically (temp file + rename), so a crash never leaves half of one.
+/// Writes a checkpoint atomically and durably, so a crash or power cut never leaves half of one.
 pub fn write_checkpoint(path: &Path, checkpoint: &Checkpoint) -> Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(checkpoint)?;
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    gpuops_atomicfile::write(path, text)?;
     Ok(())
 }
 
