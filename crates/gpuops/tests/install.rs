@@ -544,6 +544,32 @@ fn helm_chart_installs_and_its_rbac_is_least_privilege() {
     assert_same_objects(template("gpuops", "gpuops", &[]), ours, "default values");
     values_change_the_objects(&template, &cluster.dir().join("values.yaml"));
 
+    // values.schema.json: a misspelt or mistyped value fails instead of being ignored.
+    for (set, want) in [
+        (
+            "mig.defaultConfg=x",
+            "additional properties 'defaultConfg' not allowed",
+        ),
+        ("migStrategy=mixd", "'/migStrategy': value must be one of"),
+        ("metrics.port=http", "'/metrics/port'"),
+    ] {
+        let home = cluster.dir().join("helm-home");
+        let (ok, out, err) = exec(
+            &helm.bin,
+            &["template", "gpuops", chart, "--set", set],
+            &[
+                ("HELM_CACHE_HOME", &home),
+                ("HELM_CONFIG_HOME", &home),
+                ("HELM_DATA_HOME", &home),
+            ],
+            None,
+        );
+        assert!(
+            !ok && err.contains(want),
+            "--set {set}: {want} in\n{out}{err}"
+        );
+    }
+
     // helm install into the real apiserver.
     helm.run(&[
         "install",
