@@ -5,7 +5,6 @@
 mod cmd;
 mod exporter;
 mod gpu_source;
-mod mig_apply;
 mod mig_flow;
 mod node_config;
 mod node_sync;

@@ -314,7 +314,7 @@ impl NodeSync {
                     .apply_metadata(FEATURE_MANAGER, &with_time, &BTreeMap::new())
                     .await?;
                 if let Some(path) = &self.opts.nfd_file {
-                    write_atomically(path, &gpuops_labels::nfd_feature_file(&with_time))?;
+                    gpuops_atomicfile::write(path, gpuops_labels::nfd_feature_file(&with_time))?;
                 }
                 println!(
                     "{} node {}: {} feature labels written",
@@ -381,17 +381,4 @@ fn unhealthy_devices(
             }
         })
         .collect()
-}
-
-/// Writes through a temporary file and a rename, so NFD never reads half a file.
-fn write_atomically(path: &std::path::Path, text: &str) -> Result<()> {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("features");
-    // A hidden name: NFD skips dot files.
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
 }

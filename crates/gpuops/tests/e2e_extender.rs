@@ -245,8 +245,27 @@ fn kube_scheduler_with_the_extender_places_shared_pods_where_the_engine_scores_b
             .is_ok_and(|s| s.split_whitespace().filter(|v| *v == "True").count() == 3)
     })
     .unwrap();
-    // The extender's watch sees the nodes.
-    std::thread::sleep(Duration::from_secs(2));
+    // Ready once its informers listed; then its watch sees each node (a node it does not know
+    // scores 0, one it models alone scores 10).
+    wait_until("the extender's /readyz", Duration::from_secs(30), || {
+        http(port, "GET", "/readyz", "").starts_with("HTTP/1.1 200")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", extender_log()));
+    let probe = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}});
+    for (node, _) in NODES {
+        let args = serde_json::json!({"Pod": probe, "NodeNames": [node]}).to_string();
+        wait_until(
+            &format!("the extender to watch {node}"),
+            Duration::from_secs(30),
+            || {
+                http(port, "POST", "/prioritize", &args)
+                    .ends_with(&format!("[{{\"Host\":\"{node}\",\"Score\":10}}]"))
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", extender_log()));
+    }
 
     let mut bound: Vec<(Shape, usize)> = Vec::new();
     let mut unique = 0;
@@ -334,4 +353,23 @@ fn kube_scheduler_with_the_extender_places_shared_pods_where_the_engine_scores_b
         assert_eq!(node_of(&cluster, "too-big"), None);
     }
     assert!(extender_log().contains("policy Ours"));
+}
+
+/// One HTTP/1.1 request to the extender on loopback; the whole response, or "" if it failed.
+fn http(port: u16, method: &str, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(request.as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = stream.read_to_string(&mut out);
+    out
 }

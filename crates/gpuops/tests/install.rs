@@ -1,19 +1,24 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! Installing gpuops: the Helm chart deploy/helm/gpuops and `gpuops manifests`.
+//! Installing gpuops: the Helm chart deploy/helm/gpuops, and deploy/gpuops.yaml (the chart
+//! rendered by Helm with its defaults, which `gpuops manifests` prints).
 //!
-//! Without a cluster: `gpuops manifests` parses and has the DaemonSet with its tolerations, host
-//! mounts, resources, priority class and security context, and the least-privilege ClusterRole;
-//! the chart's MIG config is NVIDIA's default configs as gpuops-mig renders them, its alert rules
-//! are deploy/prometheus/gpuops-rules.yaml, its appVersion is the crate's version.
+//! Without a cluster: deploy/gpuops.yaml was rendered from the chart as it is now (its
+//! chart-digest line matches the chart's files) and `gpuops manifests` prints exactly it; it
+//! parses and has the DaemonSet with its tolerations, host mounts, resources, priority class,
+//! security context and MIG strategy, and the least-privilege ClusterRole; the chart's MIG config
+//! is NVIDIA's default configs as gpuops-mig renders them, its alert rules are
+//! deploy/prometheus/gpuops-rules.yaml, its appVersion is the crate's version.
 //!
 //! Against the real control plane (ignored; scripts/test runs them): `helm template` (Helm built
-//! from its Go module by tests/k8s/build.sh) renders the same objects as `gpuops manifests`, for
-//! the defaults and for non-default values; `helm install` and `gpuops manifests | kubectl apply`
-//! install into the real apiserver; and the agent's ServiceAccount, with a token from the
-//! TokenRequest API, can do exactly what the agent needs and nothing else. The DaemonSet's pods
-//! never run there (no kubelet runs them), so the agent itself is not started here.
+//! from its Go module by tests/k8s/build.sh) renders the objects of deploy/gpuops.yaml for the
+//! defaults, and what every non-default value asks for; `helm install` and `kubectl apply -f
+//! deploy/gpuops.yaml` install into the real apiserver; and the agent's ServiceAccount, with a
+//! token from the TokenRequest API, can do exactly what the agent needs and nothing else. The
+//! DaemonSet's pods never run there (no kubelet runs them), so the agent itself is not started
+//! here.
 //!
-//! `GPUOPS_BLESS=1` rewrites deploy/helm/gpuops/files/default-mig-config.yaml from gpuops-mig.
+//! `GPUOPS_BLESS=1` rewrites deploy/helm/gpuops/files/default-mig-config.yaml from gpuops-mig;
+//! `scripts/render-manifests` rewrites deploy/gpuops.yaml.
 
 mod common;
 
@@ -35,17 +40,47 @@ fn docs(text: &str) -> Vec<Value> {
     docs.into_iter().filter(|d| !d.is_null()).collect()
 }
 
-/// `gpuops manifests ARGS` as objects.
-fn manifests(args: &[&str]) -> Vec<Value> {
-    let mut full = vec!["manifests"];
-    full.extend_from_slice(args);
-    let out = common::run(&full);
-    assert!(
-        out.status.success(),
-        "gpuops {full:?}: {}",
-        common::text(&out)
-    );
-    docs(&String::from_utf8(out.stdout).unwrap())
+fn static_manifest_path() -> PathBuf {
+    repo().join("deploy/gpuops.yaml")
+}
+
+/// deploy/gpuops.yaml as objects.
+fn static_manifest() -> Vec<Value> {
+    docs(&std::fs::read_to_string(static_manifest_path()).unwrap())
+}
+
+/// What Helm renders from (every chart file but its README), hashed as scripts/render-manifests
+/// does: path, NUL, content, NUL per file, paths in byte order.
+fn chart_digest() -> String {
+    use sha2::{Digest, Sha256};
+    fn walk(dir: &Path, base: &Path, out: &mut Vec<(String, PathBuf)>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, base, out);
+            } else {
+                let rel = path
+                    .strip_prefix(base)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                out.push((rel, path));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&chart(), &chart(), &mut files);
+    files.retain(|(rel, _)| rel != "README.md");
+    files.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut hash = Sha256::new();
+    for (rel, path) in files {
+        hash.update(rel.as_bytes());
+        hash.update([0]);
+        hash.update(std::fs::read(path).unwrap());
+        hash.update([0]);
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
@@ -111,11 +146,58 @@ fn host_mounts(ds: &Value) -> Vec<(String, String, bool)> {
 }
 
 #[test]
-fn manifests_render_the_agent_daemonset() {
-    let objects = manifests(&[]);
+fn the_static_manifest_is_rendered_from_the_current_chart() {
+    let text = std::fs::read_to_string(static_manifest_path()).unwrap();
+    let recorded = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# chart-digest: "))
+        .expect("deploy/gpuops.yaml has a chart-digest line");
+    assert!(
+        recorded == chart_digest(),
+        "deploy/helm/gpuops changed after deploy/gpuops.yaml was rendered (digest {recorded}, \
+         chart now {}): run scripts/render-manifests",
+        chart_digest()
+    );
+}
+
+#[test]
+fn gpuops_manifests_prints_the_static_manifest_and_refuses_values() {
+    let out = common::run(&["manifests"]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    assert!(
+        out.stdout == std::fs::read(static_manifest_path()).unwrap(),
+        "gpuops manifests is deploy/gpuops.yaml"
+    );
+    let out = common::run(&["manifests", "--set", "migStrategy=single"]);
+    assert!(!out.status.success());
+    let text = common::text(&out);
+    assert!(
+        text.contains(
+            "helm template gpuops deploy/helm/gpuops --namespace gpuops --set migStrategy=single"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn with_mig_managed_the_default_mig_strategy_is_mixed() {
+    // The seed labels a node nvidia.com/mig.config=all-1g.10gb and its pods ask for
+    // nvidia.com/mig-1g.10gb: only the mixed strategy advertises that resource.
+    let objects = static_manifest();
+    let ds = find(&objects, "DaemonSet", "gpuops");
+    assert_eq!(
+        env_of(ds, "MIG_STRATEGY").map(|e| e["value"].clone()),
+        Some(json!("mixed"))
+    );
+}
+
+#[test]
+fn the_static_manifest_has_the_agent_daemonset() {
+    let objects = static_manifest();
     assert_eq!(
         kinds(&objects),
         [
+            "Namespace/gpuops",
             "ServiceAccount/gpuops",
             "ConfigMap/gpuops-mig-config",
             "ClusterRole/gpuops",
@@ -124,7 +206,7 @@ fn manifests_render_the_agent_daemonset() {
             "DaemonSet/gpuops",
         ]
     );
-    for o in &objects {
+    for o in objects.iter().skip(1) {
         let labels = &o["metadata"]["labels"];
         assert_eq!(labels["app.kubernetes.io/name"], "gpuops", "{o}");
         assert_eq!(labels["app.kubernetes.io/instance"], "gpuops", "{o}");
@@ -189,7 +271,6 @@ fn manifests_render_the_agent_daemonset() {
         env_of(ds, "NODE_NAME").unwrap()["valueFrom"],
         json!({"fieldRef": {"fieldPath": "spec.nodeName"}})
     );
-    assert!(env_of(ds, "MIG_STRATEGY").is_none(), "not set by default");
 
     let mounts = host_mounts(ds);
     for (path, host, ro) in [
@@ -256,110 +337,18 @@ fn manifests_render_the_agent_daemonset() {
 }
 
 #[test]
-fn manifests_without_mig_are_unprivileged() {
-    let objects = manifests(&["--no-mig", "--namespace", "gpu-system"]);
-    assert!(!kinds(&objects).iter().any(|k| k.contains("mig-config")));
-    let ds = find(&objects, "DaemonSet", "gpuops");
-    assert_eq!(ds["metadata"]["namespace"], "gpu-system");
-    assert_eq!(
-        container(ds)["securityContext"],
-        json!({
-            "runAsUser": 0, "readOnlyRootFilesystem": true, "privileged": false,
-            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
-        })
-    );
-    assert!(!args_of(ds).iter().any(|a| a.starts_with("--mig-")));
-    assert!(!host_mounts(ds).iter().any(|m| m.0 == "/var/lib/gpuops"));
-}
-
-#[test]
-fn manifests_flags_and_set_change_the_values() {
-    let objects = manifests(&[
-        "--image",
-        "registry.local:5000/gpuops:dev",
-        "--taint-unhealthy",
-        "--mig-default-config",
-        "all-balanced",
-        "--service-monitor",
-        "--prometheus-rule",
-        "--create-namespace",
-        "--set",
-        "driverRoot=/run/nvidia/driver,migStrategy=mixed,metrics.port=9500",
-        "--set",
-        "passDeviceSpecs=false,deviceSplitCount=4",
-        "--set",
-        r"nodeSelector.nvidia\.com/gpu\.present=null",
-        "--set-string",
-        r"nodeSelector.feature\.node\.kubernetes\.io/pci-10de\.present=true",
-        "--set-string",
-        "devicePlugin.configs.default=version: v1\nflags:\n  migStrategy: mixed\n",
-    ]);
-    assert_eq!(objects[0]["kind"], "Namespace");
-    let ds = find(&objects, "DaemonSet", "gpuops");
-    assert_eq!(container(ds)["image"], "registry.local:5000/gpuops:dev");
-    let args = args_of(ds);
-    for a in [
-        "--taint-unhealthy",
-        "--mig-default-config=all-balanced",
-        "--nvidia-driver-root=/run/nvidia/driver",
-        "--metrics-address=0.0.0.0:9500",
-        "--config-dir=/etc/gpuops/device-plugin",
-    ] {
-        assert!(args.contains(&a.to_string()), "{a} in {args:?}");
-    }
-    assert_eq!(env_of(ds, "MIG_STRATEGY").unwrap()["value"], "mixed");
-    assert_eq!(env_of(ds, "PASS_DEVICE_SPECS").unwrap()["value"], "false");
-    assert_eq!(env_of(ds, "DEVICE_SPLIT_COUNT").unwrap()["value"], "4");
-    assert_eq!(
-        env_of(ds, "CONTAINER_DRIVER_ROOT").unwrap()["value"],
-        "/driver-root"
-    );
-    assert!(host_mounts(ds).contains(&("/driver-root".into(), "/run/nvidia/driver".into(), true)));
-    assert_eq!(
-        ds["spec"]["template"]["spec"]["nodeSelector"],
-        json!({"feature.node.kubernetes.io/pci-10de.present": "true"})
-    );
-    let cm = find(&objects, "ConfigMap", "gpuops-device-plugin-configs");
-    assert_eq!(
-        cm["data"]["default"],
-        "version: v1\nflags:\n  migStrategy: mixed\n"
-    );
-    let sm = find(&objects, "ServiceMonitor", "gpuops");
-    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
-    let rule = find(&objects, "PrometheusRule", "gpuops");
-    assert_eq!(
-        rule["spec"]["groups"],
-        rules_groups(&repo().join("deploy/prometheus/gpuops-rules.yaml"))
-    );
-
-    // A typo is an error, not silently ignored.
-    let out = common::run(&["manifests", "--set", "mig.defaultConfg=x"]);
-    assert!(!out.status.success());
-    assert!(
-        common::text(&out).contains("no value mig.defaultConfg"),
-        "{}",
-        common::text(&out)
-    );
-}
-
-#[test]
-fn manifests_help_has_examples_and_values_are_the_charts() {
+fn manifests_help_has_examples() {
     let out = common::run(&["manifests", "--help"]);
     let help = common::text(&out);
     assert!(out.status.success(), "{help}");
     for s in [
         "Examples:",
         "gpuops manifests | kubectl apply -f -",
-        "--set",
-        "--show-values",
+        "kubectl apply -f deploy/gpuops.yaml",
+        "helm template",
     ] {
         assert!(help.contains(s), "{s} in {help}");
     }
-    let out = common::run(&["manifests", "--show-values"]);
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap(),
-        std::fs::read_to_string(chart().join("values.yaml")).unwrap()
-    );
 }
 
 #[test]
@@ -404,13 +393,8 @@ fn chart_scheduler_config_is_the_deploy_one() {
         deploy.display(),
         copy.display()
     );
-    let objects = manifests(&["--set", "schedulerExtender.enabled=true"]);
-    let cm = find(&objects, "ConfigMap", "gpuops-scheduler-config");
-    let config: Value =
-        serde_saphyr::from_str(cm["data"]["kube-scheduler-config.yaml"].as_str().unwrap()).unwrap();
-    assert_eq!(config["kind"], "KubeSchedulerConfiguration");
     assert!(
-        !kinds(&manifests(&[]))
+        !kinds(&static_manifest())
             .iter()
             .any(|k| k.contains("scheduler"))
     );
@@ -549,59 +533,42 @@ fn helm_chart_installs_and_its_rbac_is_least_privilege() {
 
     helm.run(&["lint", chart]);
 
-    // helm template == gpuops manifests, for the defaults and for values that change every branch.
-    let template = |extra: &[&str]| {
-        let mut args = vec!["template", "gpuops", chart, "--namespace", "gpuops"];
+    let template = |release: &str, namespace: &str, extra: &[&str]| {
+        let mut args = vec!["template", release, chart, "--namespace", namespace];
         args.extend_from_slice(extra);
         docs(&helm.run(&args))
     };
-    assert_same_objects(template(&[]), manifests(&[]), "default values");
-    let rules_labels = "metrics.prometheusRule.labels.release=kube-prometheus-stack";
-    let set = [
-        "--set",
-        "mig.enabled=false,taintUnhealthy=true,featureLabels=false,driverRoot=/run/nvidia/driver",
-        "--set",
-        "metrics.serviceMonitor.enabled=true,metrics.serviceMonitor.interval=15s,metrics.port=9500",
-        "--set",
-        "metrics.prometheusRule.enabled=true,schedulerExtender.enabled=true",
-        "--set",
-        rules_labels,
-        "--set",
-        "migStrategy=mixed,passDeviceSpecs=true,deviceSplitCount=2,runtimeClassName=nvidia",
-        "--set",
-        "image.repository=registry.local/gpuops,image.tag=dev,nvmlLib=/driver-root/lib/libnvidia-ml.so.1",
-        "--set-string",
-        "devicePlugin.configs.default=version: v1\nflags:\n  migStrategy: mixed\n",
-        "--set",
-        r"nodeSelector.nvidia\.com/gpu\.present=null",
-        "--set-string",
-        r"nodeSelector.feature\.node\.kubernetes\.io/pci-10de\.present=true",
-    ];
-    // Release "prod": objects are named prod-gpuops.
-    let mut helm_args = vec!["template", "prod", chart, "--namespace", "gpu-system"];
-    helm_args.extend_from_slice(&set);
-    let values_file = cluster.dir().join("values.yaml");
-    std::fs::write(
-        &values_file,
-        "tolerations:\n- key: CriticalAddonsOnly\n  operator: Exists\nextraArgs: [--nfd-features-file=/etc/kubernetes/node-feature-discovery/features.d/gpuops]\npodAnnotations: {team: gpu}\ndevicePlugin:\n  configs:\n    sliced: |\n      version: v1\n      sharing:\n        timeSlicing:\n          resources: [{name: nvidia.com/gpu, replicas: 4}]\n",
-    )
-    .unwrap();
-    let values_file = values_file.to_str().unwrap();
-    helm_args.extend_from_slice(&["-f", values_file]);
-    let mut ours_args = vec![
-        "--release",
-        "prod",
-        "--namespace",
-        "gpu-system",
-        "-f",
-        values_file,
-    ];
-    ours_args.extend_from_slice(&set);
-    assert_same_objects(
-        docs(&helm.run(&helm_args)),
-        manifests(&ours_args),
-        "non-default values",
-    );
+    // deploy/gpuops.yaml is what Helm renders from the chart as it is now (after its Namespace).
+    let mut ours = static_manifest();
+    assert_eq!(ours.remove(0)["kind"], "Namespace");
+    assert_same_objects(template("gpuops", "gpuops", &[]), ours, "default values");
+    values_change_the_objects(&template, &cluster.dir().join("values.yaml"));
+
+    // values.schema.json: a misspelt or mistyped value fails instead of being ignored.
+    for (set, want) in [
+        (
+            "mig.defaultConfg=x",
+            "additional properties 'defaultConfg' not allowed",
+        ),
+        ("migStrategy=mixd", "'/migStrategy': value must be one of"),
+        ("metrics.port=http", "'/metrics/port'"),
+    ] {
+        let home = cluster.dir().join("helm-home");
+        let (ok, out, err) = exec(
+            &helm.bin,
+            &["template", "gpuops", chart, "--set", set],
+            &[
+                ("HELM_CACHE_HOME", &home),
+                ("HELM_CONFIG_HOME", &home),
+                ("HELM_DATA_HOME", &home),
+            ],
+            None,
+        );
+        assert!(
+            !ok && err.contains(want),
+            "--set {set}: {want} in\n{out}{err}"
+        );
+    }
 
     // helm install into the real apiserver.
     helm.run(&[
@@ -666,28 +633,6 @@ fn helm_chart_installs_and_its_rbac_is_least_privilege() {
     );
     // No kubelet runs pods here: the DaemonSet has no node to place them on.
     assert_eq!(ds["status"]["numberReady"].as_i64().unwrap_or(0), 0);
-
-    // The rendered manifests install too, without Helm.
-    let plain = common::run(&[
-        "manifests",
-        "--release",
-        "plain",
-        "--namespace",
-        "gpuops-plain",
-        "--create-namespace",
-    ]);
-    assert!(plain.status.success(), "{}", common::text(&plain));
-    let applied = cluster
-        .apply(&String::from_utf8(plain.stdout).unwrap())
-        .unwrap();
-    assert!(
-        applied.contains("daemonset.apps/plain-gpuops created"),
-        "{applied}"
-    );
-    assert!(
-        applied.contains("clusterrole.rbac.authorization.k8s.io/plain-gpuops created"),
-        "{applied}"
-    );
 
     // The agent's own identity: a token of the chart's ServiceAccount from the TokenRequest API.
     let token = cluster
@@ -853,6 +798,144 @@ fn helm_chart_installs_and_its_rbac_is_least_privilege() {
         ])
         .unwrap();
     assert!(left.trim().is_empty(), "left after uninstall: {left}");
+
+    // deploy/gpuops.yaml installs too, without Helm.
+    let applied = cluster
+        .apply(&std::fs::read_to_string(static_manifest_path()).unwrap())
+        .unwrap();
+    for want in [
+        "daemonset.apps/gpuops created",
+        "clusterrole.rbac.authorization.k8s.io/gpuops created",
+        "serviceaccount/gpuops created",
+    ] {
+        assert!(applied.contains(want), "{want} in {applied}");
+    }
+}
+
+type Template<'a> = dyn Fn(&str, &str, &[&str]) -> Vec<Value> + 'a;
+
+/// What each non-default value does to the rendered objects.
+fn values_change_the_objects(template: &Template, values_file: &Path) {
+    // Without MIG management: no MIG ConfigMap, no MIG flags or checkpoint mount, unprivileged,
+    // and no MIG strategy of ours (NVIDIA's default none applies).
+    let objects = template("gpuops", "gpu-system", &["--set", "mig.enabled=false"]);
+    assert!(!kinds(&objects).iter().any(|k| k.contains("mig-config")));
+    let ds = find(&objects, "DaemonSet", "gpuops");
+    assert_eq!(ds["metadata"]["namespace"], "gpu-system");
+    assert_eq!(
+        container(ds)["securityContext"],
+        json!({
+            "runAsUser": 0, "readOnlyRootFilesystem": true, "privileged": false,
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+        })
+    );
+    assert!(!args_of(ds).iter().any(|a| a.starts_with("--mig-")));
+    assert!(!host_mounts(ds).iter().any(|m| m.0 == "/var/lib/gpuops"));
+    assert!(env_of(ds, "MIG_STRATEGY").is_none());
+
+    // The MIG strategy: single stays available; a device plugin config file keeps its own.
+    let strategy = |extra: &[&str]| {
+        let objects = template("gpuops", "gpuops", extra);
+        env_of(find(&objects, "DaemonSet", "gpuops"), "MIG_STRATEGY").map(|e| e["value"].clone())
+    };
+    assert_eq!(strategy(&[]), Some(json!("mixed")));
+    assert_eq!(
+        strategy(&["--set", "migStrategy=single"]),
+        Some(json!("single"))
+    );
+    assert_eq!(
+        strategy(&["--set", "migStrategy=none"]),
+        Some(json!("none"))
+    );
+    assert_eq!(
+        strategy(&["--set-string", "devicePlugin.configs.default=version: v1\n"]),
+        None
+    );
+
+    std::fs::write(
+        values_file,
+        "tolerations:\n- key: CriticalAddonsOnly\n  operator: Exists\nextraArgs: [--nfd-features-file=/etc/kubernetes/node-feature-discovery/features.d/gpuops]\npodAnnotations: {team: gpu}\n",
+    )
+    .unwrap();
+    let objects = template(
+        "prod",
+        "gpu-system",
+        &[
+            "--set",
+            "image.repository=registry.local:5000/gpuops,image.tag=dev",
+            "--set",
+            "taintUnhealthy=true,mig.defaultConfig=all-balanced",
+            "--set",
+            "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true",
+            "--set",
+            "schedulerExtender.enabled=true",
+            "--set",
+            "driverRoot=/run/nvidia/driver,migStrategy=mixed,metrics.port=9500",
+            "--set",
+            "passDeviceSpecs=false,deviceSplitCount=4",
+            "--set",
+            r"nodeSelector.nvidia\.com/gpu\.present=null",
+            "--set-string",
+            r"nodeSelector.feature\.node\.kubernetes\.io/pci-10de\.present=true",
+            "--set-string",
+            "devicePlugin.configs.default=version: v1\nflags:\n  migStrategy: mixed\n",
+            "-f",
+            values_file.to_str().unwrap(),
+        ],
+    );
+    // Release "prod": objects are named prod-gpuops.
+    let ds = find(&objects, "DaemonSet", "prod-gpuops");
+    assert_eq!(container(ds)["image"], "registry.local:5000/gpuops:dev");
+    let args = args_of(ds);
+    for a in [
+        "--taint-unhealthy",
+        "--mig-default-config=all-balanced",
+        "--nvidia-driver-root=/run/nvidia/driver",
+        "--metrics-address=0.0.0.0:9500",
+        "--config-dir=/etc/gpuops/device-plugin",
+        "--nfd-features-file=/etc/kubernetes/node-feature-discovery/features.d/gpuops",
+    ] {
+        assert!(args.contains(&a.to_string()), "{a} in {args:?}");
+    }
+    assert_eq!(env_of(ds, "MIG_STRATEGY").unwrap()["value"], "mixed");
+    assert_eq!(env_of(ds, "PASS_DEVICE_SPECS").unwrap()["value"], "false");
+    assert_eq!(env_of(ds, "DEVICE_SPLIT_COUNT").unwrap()["value"], "4");
+    assert_eq!(
+        env_of(ds, "CONTAINER_DRIVER_ROOT").unwrap()["value"],
+        "/driver-root"
+    );
+    assert!(host_mounts(ds).contains(&("/driver-root".into(), "/run/nvidia/driver".into(), true)));
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"],
+        json!({"feature.node.kubernetes.io/pci-10de.present": "true"})
+    );
+    assert!(
+        pod["tolerations"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"key": "CriticalAddonsOnly", "operator": "Exists"}))
+    );
+    assert_eq!(
+        ds["spec"]["template"]["metadata"]["annotations"]["team"],
+        "gpu"
+    );
+    let cm = find(&objects, "ConfigMap", "prod-gpuops-device-plugin-configs");
+    assert_eq!(
+        cm["data"]["default"],
+        "version: v1\nflags:\n  migStrategy: mixed\n"
+    );
+    let sm = find(&objects, "ServiceMonitor", "prod-gpuops");
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    let rule = find(&objects, "PrometheusRule", "prod-gpuops");
+    assert_eq!(
+        rule["spec"]["groups"],
+        rules_groups(&repo().join("deploy/prometheus/gpuops-rules.yaml"))
+    );
+    let cm = find(&objects, "ConfigMap", "prod-gpuops-scheduler-config");
+    let config: Value =
+        serde_saphyr::from_str(cm["data"]["kube-scheduler-config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(config["kind"], "KubeSchedulerConfiguration");
 }
 
 async fn agent_client(kubeconfig: &Path) -> kube::Client {

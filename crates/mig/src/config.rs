@@ -259,6 +259,9 @@ impl MigPartedConfig {
     /// Renders mig-parted v1 YAML, in the style of NVIDIA's shipped files; [`parse`] reads it back
     /// to an equal config (except `line`).
     pub fn to_yaml(&self) -> String {
+        if self.configs.is_empty() {
+            return "version: v1\nmig-configs: {}\n".to_string();
+        }
         let mut out = String::from("version: v1\nmig-configs:\n");
         for config in &self.configs {
             out.push_str(&format!("  {}:\n", yaml_key(&config.name)));

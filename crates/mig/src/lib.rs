@@ -5,6 +5,7 @@
 //! the binary applies them through the NVML layer.
 #![forbid(unsafe_code)]
 
+pub mod apply;
 pub mod checkpoint;
 pub mod config;
 pub mod hooks;

@@ -4,9 +4,10 @@
 //! before anything else runs. While serving: a client that does not finish its request headers
 //! within [`Options::header_read_timeout`] is disconnected (a slow or stuck client cannot pin a
 //! connection forever); `/healthz` and `/readyz` answer from [`Probes`] latches that the caller
-//! sets; on shutdown the listener closes, readiness drops, requests in flight are answered and
-//! idle keep-alive connections are closed, and after [`Options::drain_timeout`] whatever is left
-//! is dropped, so shutdown is bounded.
+//! sets; on shutdown the listener closes, readiness drops, requests being answered finish, idle
+//! keep-alive connections and requests still arriving are closed (a client that never finishes
+//! its headers cannot hold shutdown up), and after [`Options::drain_timeout`] whatever is left is
+//! dropped, so shutdown is bounded.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -15,13 +16,16 @@ use hyper::{Method, Request, Response, StatusCode};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 
 pub use bytes;
 pub use http_body_util;
 pub use hyper;
+
+/// How long a connection with no request being answered may still flush at shutdown.
+const FLUSH_GRACE: Duration = Duration::from_millis(50);
 
 /// The body every handler answers with.
 pub type Body = Full<Bytes>;
@@ -178,7 +182,6 @@ where
     let socket = tokio::net::TcpListener::from_std(listener.socket)
         .map_err(|source| ServeError::Socket { what, source })?;
     let handle = Arc::new(handle);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut connections = tokio::task::JoinSet::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
@@ -199,38 +202,58 @@ where
                         continue;
                     }
                 };
-                let handle = Arc::clone(&handle);
-                let probes = Arc::clone(&probes);
-                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let probes = Arc::clone(&probes);
-                    let handle = Arc::clone(&handle);
-                    async move {
-                        let response = match probe(&req) {
-                            Some(Probe::Live) => probes.liveness(),
-                            Some(Probe::Ready) => probes.readiness(),
-                            None => handle(req).await,
-                        };
-                        Ok::<_, std::convert::Infallible>(response)
-                    }
-                });
+                let answering = Arc::new(AtomicUsize::new(0));
+                let service = {
+                    let (handle, probes, answering) =
+                        (Arc::clone(&handle), Arc::clone(&probes), Arc::clone(&answering));
+                    hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let (probes, handle) = (Arc::clone(&probes), Arc::clone(&handle));
+                        let answering = Arc::clone(&answering);
+                        answering.fetch_add(1, Ordering::SeqCst);
+                        async move {
+                            let response = match probe(&req) {
+                                Some(Probe::Live) => probes.liveness(),
+                                Some(Probe::Ready) => probes.readiness(),
+                                None => handle(req).await,
+                            };
+                            answering.fetch_sub(1, Ordering::SeqCst);
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    })
+                };
                 let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                let connection = graceful.watch(connection);
+                let mut stop = shutdown.clone();
                 connections.spawn(async move {
-                    // A client that hangs up or times out is its own business, not an error here.
-                    let _ = connection.await;
+                    tokio::pin!(connection);
+                    tokio::select! {
+                        // A client that hangs up or times out is its own business.
+                        _ = connection.as_mut() => return,
+                        _ = async { stop.wait_for(|stop| *stop).await.map(|_| ()) } => {}
+                    }
+                    // No more requests on this connection; an idle one closes at once.
+                    connection.as_mut().graceful_shutdown();
+                    if answering.load(Ordering::SeqCst) > 0 {
+                        // A request is being answered: let it finish (the drain timeout bounds it).
+                        let _ = connection.await;
+                    } else {
+                        // Idle, or a request still arriving (hyper would wait for its headers):
+                        // only a response that was just answered may still need flushing.
+                        let _ = tokio::time::timeout(FLUSH_GRACE, connection).await;
+                    }
                 });
             }
         }
     }
     probes.set_ready(false);
     drop(socket);
-    if tokio::time::timeout(options.drain_timeout, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let drained = tokio::time::timeout(options.drain_timeout, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
         tracing::warn!(
             drain_timeout = ?options.drain_timeout,
-            "connections still open after the drain timeout; closing them"
+            "requests still being answered after the drain timeout; closing their connections"
         );
     }
     connections.shutdown().await;

@@ -232,3 +232,30 @@ fn a_taken_port_names_what_wanted_it_and_how_to_pick_another() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_client_still_sending_its_headers() {
+    // Timeouts far beyond the deadline: only the drain closing the connection ends this.
+    let options = Options {
+        header_read_timeout: Duration::from_secs(600),
+        drain_timeout: Duration::from_secs(600),
+    };
+    let (server, _, _) = start(options);
+    let mut idle = TcpStream::connect(server.address).await.unwrap();
+    let mut partial = TcpStream::connect(server.address).await.unwrap();
+    partial
+        .write_all(b"GET /metrics HTTP/1.1\r\nHo")
+        .await
+        .unwrap();
+    // The server has both connections before shutdown starts.
+    let other = get(server.address, "/other").await;
+    assert!(other.ends_with("/other\n"), "{other}");
+    server.stop.send(true).unwrap();
+    tokio::time::timeout(DEADLINE, server.task)
+        .await
+        .expect("serve returns without waiting for idle or half-sent requests")
+        .unwrap()
+        .unwrap();
+    assert!(!read_to_close(&mut idle).await.contains("200"));
+    assert!(!read_to_close(&mut partial).await.contains("/metrics"));
+}

@@ -5,7 +5,6 @@
 
 use crate::{SimError, SimState};
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// A simulator state directory.
@@ -130,21 +129,9 @@ impl Store {
 
     fn save(&self, state: &SimState) -> Result<(), SimError> {
         let path = self.state_path();
-        let tmp = self
-            .dir
-            .join(format!("state.json.tmp.{}", std::process::id()));
         let json =
             serde_json::to_vec_pretty(state).map_err(|e| SimError::Invalid(e.to_string()))?;
-        let write = || -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&json)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            SimError::io("writing", &path, e)
-        })
+        gpuops_atomicfile::write(&path, json).map_err(|e| SimError::io(e.step, &path, e.source))
     }
 }
 

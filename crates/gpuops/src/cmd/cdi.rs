@@ -1,11 +1,10 @@
 //! `gpuops cdi`: CDI specs for the node's GPUs, in place of `nvidia-ctk cdi generate`.
 
 use crate::gpu_source::{self, GpuArgs};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Subcommand;
 use gpuops_resources::HostDevices;
 use gpuops_resources::cdi::{self, CdiSpec};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -84,7 +83,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     match &args.output {
         None => print!("{text}"),
         Some(path) => {
-            write_atomically(path, &text)?;
+            gpuops_atomicfile::write(path, &text)?;
             eprintln!(
                 "wrote {} ({} devices) to {}",
                 spec.kind,
@@ -115,30 +114,4 @@ fn host_devices(dev_root: &Path) -> HostDevices {
             .ok()
             .map(|t| gpuops_resources::parse_mig_minors(&t)),
     }
-}
-
-/// Temp file next to `path`, then rename: readers never see half a spec.
-fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".gpuops-cdi-")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.write_all(text.as_bytes())
-        .and_then(|()| tmp.as_file().sync_all())
-        .with_context(|| format!("writing {}", tmp.path().display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))
-            .with_context(|| format!("setting permissions on {}", tmp.path().display()))?;
-    }
-    tmp.persist(path)
-        .map_err(|e| e.error)
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
 }

@@ -1,20 +1,12 @@
-//! `gpuops scheduler-extender`: the packing engine's node scoring served to kube-scheduler as an
-//! HTTP extender (`filter` + `prioritize`) for GPU-sharing pods. See docs/packing.md.
-
-#[path = "../extender/protocol.rs"]
-pub mod protocol;
-#[path = "../extender/server.rs"]
-pub mod server;
-#[path = "../extender/state.rs"]
-pub mod state;
+//! `gpuops scheduler-extender`: arguments for gpuops-extender, the packing engine's node scoring
+//! served to kube-scheduler as an HTTP extender. See docs/packing.md.
 
 use anyhow::{Context, Result, anyhow};
+use gpuops_extender::{Extender, ExtenderConfig};
 use gpuops_packing::{PodSpec, PolicyKind};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 /// Serve the GPU packing engine to kube-scheduler as an HTTP scheduler extender.
 ///
@@ -66,8 +58,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         None => None,
     };
-    let listener = server::bind(args.address)?;
-    let local = listener
+    let extender = Extender::bind(
+        args.address,
+        ExtenderConfig {
+            policy,
+            workload,
+            kubeconfig: args.kubeconfig,
+        },
+    )?;
+    let local = extender
         .local_addr()
         .context("reading the extender's address")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -75,45 +74,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let client = client(args.kubeconfig.as_deref()).await?;
-        let view = server::watch(client);
-        let served = Arc::new(server::Served {
-            view,
-            engine: protocol::Engine { policy, workload },
-            requests: AtomicU64::new(0),
-        });
-        println!(
-            "gpuops scheduler-extender {}: policy {}, listening on http://{local} (POST /filter, POST /prioritize)",
-            env!("CARGO_PKG_VERSION"),
-            policy.name()
-        );
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let serving = tokio::spawn(server::serve(listener, served, rx));
-        gpuops_serve::shutdown_signal().await;
-        let _ = tx.send(true);
-        serving.await.context("the extender server stopped")??;
-        println!("stopped");
-        Ok::<_, anyhow::Error>(())
-    })?;
+    println!(
+        "gpuops scheduler-extender {}: policy {}, listening on http://{local} (POST /filter, POST /prioritize)",
+        env!("CARGO_PKG_VERSION"),
+        policy.name()
+    );
+    runtime.block_on(extender.run(gpuops_serve::shutdown_signal()))?;
+    println!("stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
-    match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("--kubeconfig: cannot read {}", path.display()))?;
-            let config = kube::Config::from_custom_kubeconfig(
-                kc,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .with_context(|| format!("--kubeconfig {}", path.display()))?;
-            kube::Client::try_from(config).context("connecting to Kubernetes")
-        }
-        None => kube::Client::try_default()
-            .await
-            .context("connecting to Kubernetes (KUBECONFIG, ~/.kube/config or in-cluster; or pass --kubeconfig)"),
-    }
 }

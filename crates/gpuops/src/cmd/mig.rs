@@ -2,14 +2,15 @@
 //! checkpoint, restore.
 
 use crate::gpu_source::{self, GpuArgs};
-use crate::mig_apply::{self, Options, Target};
 use crate::output::{self, Format};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
+use gpuops_mig::apply::{self as plan, Target};
 use gpuops_mig::config::{self, Devices, MigPartedConfig};
 use gpuops_mig::hooks::Hooks;
 use gpuops_mig::layout::describe_counts;
 use gpuops_mig::{planner, select, workload};
+use gpuops_migexec::{self as exec, Options};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -245,8 +246,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let opened = gpu_source::open(&gpus)?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let targets = targets_of(named, &inv)?;
-            let plans = mig_apply::plan_node(&inv, &targets)?;
-            print!("{}", mig_apply::render(&plans));
+            let plans = plan::plan_node(&inv, &targets)?;
+            print!("{}", plan::render(&plans));
             if dry_run {
                 println!("dry run: nothing changed");
                 return Ok(ExitCode::SUCCESS);
@@ -271,7 +272,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 &inv,
                 Some(selected.name.clone()),
                 |inv| {
-                    let again = mig_apply::plan_node(inv, &targets)?;
+                    let again = plan::plan_node(inv, &targets)?;
                     Ok(again
                         .iter()
                         .all(|p| !p.mode_changes() && (mode_only || !p.layout_changes())))
@@ -289,7 +290,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let opened = gpu_source::open(&gpus)?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let targets = targets_of(named, &inv)?;
-            let plans = mig_apply::plan_node(&inv, &targets)?;
+            let plans = plan::plan_node(&inv, &targets)?;
             if valid_config {
                 println!("config {} is valid for this node's GPUs", selected.name);
                 return Ok(ExitCode::SUCCESS);
@@ -304,7 +305,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             } else {
                 println!("MIG config {} is NOT applied:", selected.name);
-                print!("{}", mig_apply::render(&differing));
+                print!("{}", plan::render(&differing));
                 Ok(ExitCode::FAILURE)
             }
         }
@@ -328,7 +329,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 .filter(|g| g.mig.capable)
                 .map(|g| g.index)
                 .collect();
-            mig_apply::write_checkpoint(&path, &mig_apply::checkpoint_of(&inv, &all, None))?;
+            exec::write_checkpoint(&path, &plan::checkpoint_of(&inv, &all, None))?;
             println!(
                 "checkpoint of {} GPUs written to {}",
                 all.len(),
@@ -344,16 +345,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } => {
             let opened = gpu_source::open(&gpus)?;
             let path = checkpoint_path(&checkpoint, &opened);
-            let saved = mig_apply::read_checkpoint(&path)?.ok_or_else(|| {
+            let saved = exec::read_checkpoint(&path)?.ok_or_else(|| {
                 anyhow!(
                     "no checkpoint at {}; `gpuops mig apply` writes one before changing anything",
                     path.display()
                 )
             })?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
-            let targets = mig_apply::restore_targets(&inv, &saved)?;
-            let plans = mig_apply::plan_node(&inv, &targets)?;
-            print!("{}", mig_apply::render(&plans));
+            let targets = plan::restore_targets(&inv, &saved)?;
+            let plans = plan::plan_node(&inv, &targets)?;
+            print!("{}", plan::render(&plans));
             if dry_run {
                 println!("dry run: nothing changed");
                 return Ok(ExitCode::SUCCESS);
@@ -364,10 +365,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 force,
                 ..Options::default()
             };
-            let outcome = mig_apply::execute(&opened.gpus, &plans, &opts)?;
+            let outcome = exec::execute(&opened.gpus, &plans, &opts)?;
             let mut done = saved;
             done.applying = None;
-            mig_apply::write_checkpoint(&path, &done)?;
+            exec::write_checkpoint(&path, &done)?;
             println!(
                 "restored {} GPUs from {} ({} changes through the driver)",
                 plans.len(),
@@ -389,7 +390,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
 #[allow(clippy::too_many_arguments)]
 fn apply_with_checkpoint(
     opened: &gpu_source::Opened,
-    plans: &[mig_apply::GpuPlan],
+    plans: &[plan::GpuPlan],
     opts: &Options,
     path: &std::path::Path,
     gpus_changed: &[u32],
@@ -400,7 +401,7 @@ fn apply_with_checkpoint(
     let nothing_to_do = plans
         .iter()
         .all(|p| !p.mode_changes() && !p.layout_changes());
-    let previous = mig_apply::read_checkpoint(path)?;
+    let previous = exec::read_checkpoint(path)?;
     let base = match previous {
         // An earlier apply died half-way: its checkpoint still holds the layout from before it.
         Some(c) if c.interrupted() => {
@@ -416,16 +417,16 @@ fn apply_with_checkpoint(
                 "nothing to do: the node already has config {}",
                 opts.config_name
             );
-            mig_apply::execute(&opened.gpus, &[], opts)?;
+            exec::execute(&opened.gpus, &[], opts)?;
             return Ok(ExitCode::SUCCESS);
         }
         _ => {
-            let c = mig_apply::checkpoint_of(inv, gpus_changed, applying);
-            mig_apply::write_checkpoint(path, &c)?;
+            let c = plan::checkpoint_of(inv, gpus_changed, applying);
+            exec::write_checkpoint(path, &c)?;
             c
         }
     };
-    let outcome = mig_apply::execute(&opened.gpus, plans, opts)?;
+    let outcome = exec::execute(&opened.gpus, plans, opts)?;
     let after = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
     if outcome.pending_reset.is_empty() && !converged(&after)? {
         bail!(
@@ -435,7 +436,7 @@ fn apply_with_checkpoint(
     }
     let mut done = base;
     done.applying = None;
-    mig_apply::write_checkpoint(path, &done)?;
+    exec::write_checkpoint(path, &done)?;
     println!(
         "applied config {} ({} changes through the driver)",
         opts.config_name, outcome.nvml_changes
@@ -443,7 +444,7 @@ fn apply_with_checkpoint(
     report_pending(&outcome)
 }
 
-fn report_pending(outcome: &mig_apply::Outcome) -> Result<ExitCode> {
+fn report_pending(outcome: &exec::Outcome) -> Result<ExitCode> {
     if outcome.pending_reset.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
@@ -591,7 +592,7 @@ fn filter_selects(filters: &[config::DeviceFilter], model: &gpuops_catalog::GpuM
 fn export(inv: &gpuops_inventory::Inventory) -> serde_json::Value {
     let mut entries: Vec<(Vec<u32>, bool, std::collections::BTreeMap<String, u32>)> = Vec::new();
     for g in inv.gpus.iter().filter(|g| g.mig.capable) {
-        let counts = mig_apply::current_layout(g).counts();
+        let counts = plan::current_layout(g).counts();
         let enabled = g.mig.current_enabled;
         match entries.last_mut() {
             Some((list, e, c)) if *e == enabled && *c == counts => list.push(g.index),

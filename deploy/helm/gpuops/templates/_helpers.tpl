@@ -4,7 +4,7 @@
 {{- end -}}
 
 {{/* Full name of the objects: fullnameOverride, else the release name if it contains the chart
-name, else <release>-<name>. `gpuops manifests` computes the same. */}}
+name, else <release>-<name>. */}}
 {{- define "gpuops.fullname" -}}
 {{- if .Values.fullnameOverride -}}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}

@@ -8,7 +8,7 @@
 //! `nodeCacheCapable: true` sends `NodeNames` and expects `NodeNames` back; `false` sends whole
 //! `Nodes` and expects the passing `Nodes` back (we echo the objects we were given, unchanged).
 
-use super::state::{self, PodAsk, Snapshot};
+use gpuops_kubemodel::{self as state, PodAsk, Snapshot};
 use gpuops_packing::{PodSpec, PolicyKind};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
@@ -335,9 +335,9 @@ pub fn normalise(names: &[String], raw: &[Option<f64>]) -> Vec<HostPriority> {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-    use super::super::state::tests::{node, pod};
-    use super::super::state::{GPU, GPU_SHARED};
     use super::*;
+    use gpuops_kubemodel::testkit::{node, pod};
+    use gpuops_kubemodel::{GPU, GPU_SHARED};
 
     fn engine() -> Engine {
         Engine {

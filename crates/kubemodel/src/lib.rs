@@ -1,3 +1,6 @@
+//! gpuops-kubemodel: Kubernetes Nodes and Pods as the packing engine's model, for the scheduler
+//! extender and the cluster controller.
+//!
 //! From Kubernetes objects to the packing engine: each node's GPUs, CPU and memory, what the pods
 //! bound to it use, and the GPU demand of the pod being scheduled.
 //!
@@ -21,6 +24,22 @@ use gpuops_packing::{Cluster, NodeSpec, PodReq, PodSpec, TypicalPods};
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::collections::BTreeMap;
+
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+
+/// Nodes and pods the engine cannot model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("cannot model the nodes: {0}")]
+    Nodes(#[source] gpuops_packing::PackingError),
+    #[error("node {node}: {source}")]
+    Node {
+        node: String,
+        #[source]
+        source: gpuops_packing::PackingError,
+    },
+}
 
 /// NVIDIA's whole-GPU resource (also the time-sliced one unless renamed).
 pub const GPU: &str = "nvidia.com/gpu";
@@ -327,7 +346,7 @@ pub fn snapshot(
     pods: &[&Pod],
     incoming: Option<&PodAsk>,
     workload: Option<&[PodSpec]>,
-) -> anyhow::Result<Snapshot> {
+) -> Result<Snapshot, ModelError> {
     let mut views: Vec<NodeGpus> = nodes.iter().map(|n| node_gpus(n)).collect();
     views.sort_by(|a, b| a.name.cmp(&b.name));
     views.dedup_by(|a, b| a.name == b.name);
@@ -341,8 +360,7 @@ pub fn snapshot(
             model: v.model.clone(),
         })
         .collect();
-    let mut cluster =
-        Cluster::new(&specs).map_err(|e| anyhow::anyhow!("cannot model the nodes: {e}"))?;
+    let mut cluster = Cluster::new(&specs).map_err(ModelError::Nodes)?;
 
     // Bound pods per node, oldest first.
     let mut bound: Vec<Vec<(&Pod, PodAsk)>> = vec![Vec::new(); views.len()];
@@ -429,7 +447,10 @@ pub fn snapshot(
         let cpu_used = u32::try_from(cpu.min(view.cpu_milli)).unwrap_or(u32::MAX);
         cluster
             .set_usage(i, cpu_used, mem.min(view.memory_mib), &free, &affinity)
-            .map_err(|e| anyhow::anyhow!("node {}: {e}", view.name))?;
+            .map_err(|source| ModelError::Node {
+                node: view.name.clone(),
+                source,
+            })?;
     }
     Ok(Snapshot {
         cluster,
@@ -451,54 +472,10 @@ fn shape(ask: &PodAsk, req: &PodReq) -> PodSpec {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::testkit::{node, pod};
     use super::*;
-
-    pub fn node(name: &str, gpus: u32, replicas: u32, shared_name: bool) -> Node {
-        let mut labels = serde_json::json!({
-            "nvidia.com/gpu.count": gpus.to_string(),
-            "nvidia.com/gpu.product": "Tesla-T4",
-        });
-        if replicas > 1 {
-            labels["nvidia.com/gpu.replicas"] = replicas.to_string().into();
-        }
-        let resource = if shared_name { GPU_SHARED } else { GPU };
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "labels": labels},
-            "status": {
-                "capacity": {"cpu": "32", "memory": "64Gi", resource: (gpus * replicas).to_string()},
-                "allocatable": {"cpu": "31500m", "memory": "63Gi", resource: (gpus * replicas).to_string()},
-            }
-        }))
-        .unwrap()
-    }
-
-    pub fn pod(
-        name: &str,
-        node: Option<&str>,
-        resource: &str,
-        count: u32,
-        milli: Option<u32>,
-    ) -> Pod {
-        let mut annotations = serde_json::json!({});
-        if let Some(m) = milli {
-            annotations[ANNOTATION_MILLI] = m.to_string().into();
-        }
-        let mut requests = serde_json::json!({"cpu": "1", "memory": "2Gi"});
-        if count > 0 {
-            requests[resource] = count.to_string().into();
-        }
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "default", "annotations": annotations,
-                         "creationTimestamp": format!("2025-01-01T00:00:{:02}Z", name.len())},
-            "spec": {
-                "nodeName": node,
-                "containers": [{"name": "c", "resources": {"requests": requests}}]
-            }
-        }))
-        .unwrap()
-    }
 
     #[test]
     fn quantities() {

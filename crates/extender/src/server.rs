@@ -1,11 +1,11 @@
 //! The extender's HTTP server and its view of the cluster (a watch of nodes and unfinished pods).
 
-use super::protocol::{self, Engine, ExtenderArgs, FilterResult};
-use anyhow::Result;
-use bytes::Bytes;
+use crate::ExtenderError;
+use crate::protocol::{self, Engine, ExtenderArgs, FilterResult};
 use futures::StreamExt;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::{Method, Request, Response, StatusCode};
+use gpuops_serve::bytes::Bytes;
+use gpuops_serve::http_body_util::{BodyExt, Full, Limited};
+use gpuops_serve::hyper::{self, Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::runtime::reflector::{self, Store};
@@ -80,7 +80,7 @@ impl View {
 }
 
 /// Binds the address now, so a taken port fails the start with a clear message.
-pub fn bind(address: SocketAddr) -> Result<gpuops_serve::Listener> {
+pub fn bind(address: SocketAddr) -> Result<gpuops_serve::Listener, ExtenderError> {
     Ok(gpuops_serve::bind(
         address,
         "the scheduler",
@@ -94,7 +94,7 @@ pub async fn serve(
     listener: gpuops_serve::Listener,
     served: Arc<Served>,
     shutdown: watch::Receiver<bool>,
-) -> Result<()> {
+) -> Result<(), ExtenderError> {
     let probes = gpuops_serve::Probes::new();
     {
         let (served, probes) = (Arc::clone(&served), Arc::clone(&probes));
@@ -204,7 +204,7 @@ pub fn handle(
     let wants_gpu = args
         .pod
         .as_ref()
-        .is_some_and(|p| super::state::pod_ask(p).is_gpu());
+        .is_some_and(|p| gpuops_kubemodel::pod_ask(p).is_gpu());
     if verb == "filter" {
         if !synced && wants_gpu {
             return (
@@ -247,9 +247,9 @@ fn json<T: serde::Serialize>(value: &T) -> String {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-    use super::super::state::GPU;
-    use super::super::state::tests::{node, pod};
     use super::*;
+    use gpuops_kubemodel::GPU;
+    use gpuops_kubemodel::testkit::{node, pod};
     use gpuops_packing::PolicyKind;
 
     fn engine() -> Engine {

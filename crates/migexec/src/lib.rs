@@ -1,0 +1,362 @@
+//! gpuops-migexec: carries out gpuops-mig's MIG plans on a node through gpuops-nvml, with
+//! mig-parted's hooks at the same points, and keeps the checkpoint file.
+//!
+//! The plan (what to keep, destroy and create) is pure and lives in gpuops-mig; this crate is the
+//! I/O half: driver calls in a safe order (leftover GPU instances first, destroys before creates,
+//! explicit placements), hook processes, and the checkpoint written atomically and durably. Both
+//! `gpuops mig apply` and the agent call it.
+
+use gpuops_mig::apply::GpuPlan;
+use gpuops_mig::checkpoint::Checkpoint;
+use gpuops_mig::hooks::{HookPoint, Hooks};
+use gpuops_mig::layout::{Instance, gi_profile_of};
+use gpuops_nvml::{Gpus, MigModeChange, NvmlError, PlacementSlot};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Failures while applying.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(
+        "refusing to destroy MIG devices that have running processes (use --force to try anyway):\n  {}",
+        .0.join("\n  ")
+    )]
+    Busy(Vec<String>),
+    #[error("{what}: {source}")]
+    Nvml {
+        what: String,
+        #[source]
+        source: NvmlError,
+    },
+    #[error("{0}")]
+    Profile(String),
+    #[error("running {point} hook {command:?}: {source}")]
+    HookStart {
+        point: &'static str,
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{point} hook {command:?} failed ({status})")]
+    HookFailed {
+        point: &'static str,
+        command: String,
+        status: String,
+    },
+    #[error("{0}")]
+    Checkpoint(String),
+    #[error("reading checkpoint {path}: {source}")]
+    ReadCheckpoint {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    WriteCheckpoint(#[from] gpuops_atomicfile::AtomicWriteError),
+}
+
+fn nvml(what: String) -> impl FnOnce(NvmlError) -> ExecError {
+    move |source| ExecError::Nvml { what, source }
+}
+
+/// How to apply.
+#[derive(Debug, Default)]
+pub struct Options {
+    pub config_name: String,
+    pub config_file: String,
+    pub hooks: Option<Hooks>,
+    pub mode_only: bool,
+    pub force: bool,
+    /// Pause between driver calls (tests use it to kill an apply half-way).
+    pub step_delay: Option<Duration>,
+    /// Exit abruptly (as if killed) before the change after this many (fault injection for tests).
+    pub crash_after: Option<usize>,
+}
+
+/// What an apply did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub nvml_changes: usize,
+    /// GPUs whose mode change waits for a reset.
+    pub pending_reset: Vec<(u32, String)>,
+}
+
+/// Applies the plans. Never resets a GPU; reports mode changes that need one.
+pub fn execute(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome, ExecError> {
+    let blocked: Vec<String> = plans
+        .iter()
+        .flat_map(|p| {
+            p.blocking
+                .iter()
+                .map(move |(pid, inst)| format!("GPU {} {inst}: pid {pid}", p.gpu))
+        })
+        .collect();
+    if !blocked.is_empty() && !opts.force {
+        return Err(ExecError::Busy(blocked));
+    }
+    run_hooks(opts, HookPoint::ApplyStart)?;
+    let result = apply_steps(gpus, plans, opts);
+    let exit = run_hooks(opts, HookPoint::ApplyExit);
+    let outcome = result?;
+    exit?;
+    Ok(outcome)
+}
+
+fn apply_steps(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome, ExecError> {
+    let mut outcome = Outcome::default();
+    let step = |outcome: &mut Outcome| {
+        if opts.crash_after.is_some_and(|n| outcome.nvml_changes >= n) {
+            eprintln!(
+                "crashing on purpose after {} changes (--crash-after)",
+                outcome.nvml_changes
+            );
+            std::process::exit(137);
+        }
+        outcome.nvml_changes += 1;
+        if let Some(d) = opts.step_delay {
+            std::thread::sleep(d);
+        }
+    };
+    if plans.iter().any(GpuPlan::mode_changes) {
+        run_hooks(opts, HookPoint::PreApplyMode)?;
+        for p in plans.iter().filter(|p| p.mode_changes()) {
+            if !p.mode_to {
+                // Instances must go before MIG can be turned off.
+                remove_leftovers(gpus, p.gpu, &mut || step(&mut outcome))?;
+                destroy(gpus, p, &p.before.instances, &mut || step(&mut outcome))?;
+            }
+            step(&mut outcome);
+            match gpus
+                .set_mig_mode(p.gpu, p.mode_to)
+                .map_err(nvml(format!("setting MIG mode on GPU {}", p.gpu)))?
+            {
+                MigModeChange::Active => {}
+                MigModeChange::NeedsReset { reason } => outcome.pending_reset.push((p.gpu, reason)),
+            }
+        }
+    }
+    if opts.mode_only {
+        return Ok(outcome);
+    }
+    let changing: Vec<&GpuPlan> = plans
+        .iter()
+        .filter(|p| {
+            p.mode_to
+                && p.layout_changes()
+                && !outcome.pending_reset.iter().any(|(g, _)| *g == p.gpu)
+        })
+        .collect();
+    if !changing.is_empty() {
+        run_hooks(opts, HookPoint::PreApplyConfig)?;
+    }
+    for p in changing {
+        remove_leftovers(gpus, p.gpu, &mut || step(&mut outcome))?;
+        destroy(gpus, p, &p.plan.destroy, &mut || step(&mut outcome))?;
+        for inst in &p.plan.create {
+            create(gpus, p, inst, &mut || step(&mut outcome))?;
+        }
+    }
+    Ok(outcome)
+}
+
+/// Destroys GPU instances an interrupted apply left without a compute instance.
+fn remove_leftovers(gpus: &Gpus, gpu: u32, step: &mut dyn FnMut()) -> Result<(), ExecError> {
+    if !gpus
+        .mig_mode_enabled(gpu)
+        .map_err(nvml(format!("reading the MIG mode of GPU {gpu}")))?
+    {
+        return Ok(());
+    }
+    for gi in gpus
+        .empty_gpu_instances(gpu)
+        .map_err(nvml(format!("listing the GPU instances of GPU {gpu}")))?
+    {
+        println!(
+            "GPU {gpu}: removing GPU instance {gi}, left without a compute instance by an interrupted apply"
+        );
+        step();
+        gpus.destroy_gpu_instance(gpu, gi).map_err(nvml(format!(
+            "removing leftover GPU instance {gi} on GPU {gpu}"
+        )))?;
+    }
+    Ok(())
+}
+
+fn destroy(
+    gpus: &Gpus,
+    p: &GpuPlan,
+    instances: &[Instance],
+    step: &mut dyn FnMut(),
+) -> Result<(), ExecError> {
+    if instances.is_empty() {
+        return Ok(());
+    }
+    // Ids are read fresh: a previous, interrupted apply may have left the GPU in between.
+    let devices = gpus
+        .mig_devices_of(p.gpu)
+        .map_err(nvml(format!("listing the MIG devices of GPU {}", p.gpu)))?;
+    let mut gone: Vec<(u32, u32)> = Vec::new();
+    for inst in instances {
+        let Some(dev) = devices
+            .iter()
+            .find(|m| m.ci_profile == inst.profile && m.placement_start == inst.start)
+        else {
+            continue;
+        };
+        step();
+        gpus.destroy_compute_instance(p.gpu, dev.gi_id, dev.ci_id)
+            .map_err(nvml(format!("destroying {inst} on GPU {}", p.gpu)))?;
+        gone.push((dev.gi_id, dev.ci_id));
+        // A GPU instance can go only once all its compute instances have.
+        let left = devices
+            .iter()
+            .filter(|m| m.gi_id == dev.gi_id && !gone.contains(&(m.gi_id, m.ci_id)))
+            .count();
+        if left == 0 {
+            step();
+            gpus.destroy_gpu_instance(p.gpu, dev.gi_id)
+                .map_err(nvml(format!(
+                    "destroying the GPU instance of {inst} on GPU {}",
+                    p.gpu
+                )))?;
+        }
+    }
+    Ok(())
+}
+
+fn create(
+    gpus: &Gpus,
+    p: &GpuPlan,
+    inst: &Instance,
+    step: &mut dyn FnMut(),
+) -> Result<(), ExecError> {
+    let gi = gi_profile_of(p.model, &inst.profile).ok_or_else(|| {
+        ExecError::Profile(format!(
+            "{} is not a MIG profile of {}",
+            inst.profile, p.model.key
+        ))
+    })?;
+    let name: gpuops_catalog::ProfileName = inst
+        .profile
+        .parse()
+        .map_err(|e| ExecError::Profile(format!("MIG device name {}: {e}", inst.profile)))?;
+    let ci_slices = name.compute_slices_or_gpu();
+    let ci_profile =
+        gpuops_catalog::nvml_enum::ci_profile_for_slices(ci_slices).ok_or_else(|| {
+            ExecError::Profile(format!(
+                "{}: no compute-instance profile has {ci_slices} slices",
+                inst.profile
+            ))
+        })?;
+    step();
+    let gi_id = gpus
+        .create_gpu_instance(
+            p.gpu,
+            gi.nvml_id,
+            Some(PlacementSlot {
+                start: inst.start,
+                size: gi.memory_slices,
+            }),
+        )
+        .map_err(nvml(format!("creating {inst} on GPU {}", p.gpu)))?;
+    step();
+    gpus.create_compute_instance(p.gpu, gi_id, ci_profile, None)
+        .map_err(nvml(format!(
+            "creating the compute instance of {inst} on GPU {}",
+            p.gpu
+        )))?;
+    Ok(())
+}
+
+fn run_hooks(opts: &Options, point: HookPoint) -> Result<(), ExecError> {
+    let Some(hooks) = &opts.hooks else {
+        return Ok(());
+    };
+    for hook in hooks.at(point) {
+        let mut cmd = std::process::Command::new(&hook.command);
+        cmd.args(&hook.args)
+            .envs(&hook.envs)
+            .env("MIG_PARTED_CONFIG_FILE", &opts.config_file)
+            .env("MIG_PARTED_SELECTED_CONFIG", &opts.config_name)
+            .env("MIG_PARTED_HOOK", point.name());
+        if let Some(dir) = &hook.workdir {
+            cmd.current_dir(dir);
+        }
+        let status = cmd.status().map_err(|source| ExecError::HookStart {
+            point: point.name(),
+            command: hook.command.clone(),
+            source,
+        })?;
+        if !status.success() {
+            return Err(ExecError::HookFailed {
+                point: point.name(),
+                command: hook.command.clone(),
+                status: status.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads a checkpoint file; `Ok(None)` when there is none.
+pub fn read_checkpoint(path: &Path) -> Result<Option<Checkpoint>, ExecError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Checkpoint::parse(&text, &path.display().to_string())
+            .map(Some)
+            .map_err(ExecError::Checkpoint),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ExecError::ReadCheckpoint {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Writes a checkpoint atomically and durably, so a crash or power cut never leaves half of one.
+pub fn write_checkpoint(path: &Path, checkpoint: &Checkpoint) -> Result<(), ExecError> {
+    let text = serde_json::to_string_pretty(checkpoint)
+        .map_err(|e| ExecError::Checkpoint(e.to_string()))?;
+    gpuops_atomicfile::write(path, text)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use gpuops_mig::checkpoint::GpuCheckpoint;
+    use gpuops_mig::layout::Layout;
+
+    fn checkpoint() -> Checkpoint {
+        Checkpoint {
+            version: Checkpoint::VERSION.into(),
+            applying: Some("all-1g.10gb".into()),
+            gpus: vec![GpuCheckpoint {
+                index: 0,
+                uuid: "GPU-0".into(),
+                mig_enabled: true,
+                layout: Layout::new(vec![Instance::new("3g.40gb", 4)]),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_survives_the_round_trip_and_a_missing_one_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/mig-checkpoint.json");
+        assert!(read_checkpoint(&path).unwrap().is_none());
+        write_checkpoint(&path, &checkpoint()).unwrap();
+        let back = read_checkpoint(&path).unwrap().unwrap();
+        assert_eq!(back.applying.as_deref(), Some("all-1g.10gb"));
+        assert_eq!(back.gpus[0].layout, checkpoint().gpus[0].layout);
+    }
+
+    #[test]
+    fn a_corrupt_checkpoint_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mig-checkpoint.json");
+        std::fs::write(&path, "{\"version\": ").unwrap();
+        let err = read_checkpoint(&path).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+    }
+}
