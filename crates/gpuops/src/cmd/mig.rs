@@ -34,7 +34,8 @@ pub struct Args {
 
 #[derive(Debug, clap::Args)]
 struct ConfigArgs {
-    /// mig-parted config file (`version: v1`, or a ConfigMap holding `config.yaml`); `-` reads stdin.
+    /// mig-parted config file (`version: v1`, or a ConfigMap holding `config.yaml`, alone or among
+    /// other manifests); `-` reads stdin.
     #[arg(
         short = 'f',
         long = "config-file",
@@ -42,6 +43,10 @@ struct ConfigArgs {
         value_name = "FILE"
     )]
     file: String,
+    /// In a file of several YAML documents (e.g. NVIDIA's mig-manager manifests), the ConfigMap
+    /// to take the config from (default: the only one holding a mig-parted config).
+    #[arg(long, value_name = "NAME")]
+    configmap: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -188,7 +193,11 @@ fn read_config(args: &ConfigArgs) -> Result<MigPartedConfig> {
             .with_context(|| format!("reading config file {}", args.file))?;
         (text, args.file.clone())
     };
-    Ok(config::parse(&text, &origin)?)
+    Ok(config::parse_selecting(
+        &text,
+        &origin,
+        args.configmap.as_deref(),
+    )?)
 }
 
 /// What a named config asks of each GPU it selects on this node.
