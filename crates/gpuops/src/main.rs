@@ -3,6 +3,7 @@
 //! Installed as `kubectl-gpu` it also works as a kubectl plugin (`kubectl gpu ...`).
 
 mod cmd;
+mod config_warnings;
 mod exporter;
 mod gpu_source;
 mod http;
