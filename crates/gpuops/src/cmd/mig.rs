@@ -655,7 +655,7 @@ fn plan(demand: &str, fleet: Option<&str>, source: &GpuArgs, format: Format) -> 
     };
     let plan = workload::plan_fleet(&demand, &offers)?;
     match format {
-        Format::Table => {
+        Format::Table | Format::Wide => {
             println!("{}", plan.summary());
             println!("mig-parted config:\n{}", plan.mig_parted_yaml());
             println!("node labels (nvidia.com/mig.config):");
