@@ -148,6 +148,16 @@ impl GpuModel {
             .and_then(|m| m.gi_profiles.iter().find(|p| p.nvml_id == nvml_id))
     }
 
+    /// Whether this model is a board variant of an earlier catalog model: same PCI device id and
+    /// NVML name, other memory (GB200's pre-production boards). PCI ids and names resolve to the
+    /// earlier model; [`identify`] tells them apart by memory.
+    pub fn is_board_variant(&self) -> bool {
+        self.pci_device_ids
+            .first()
+            .and_then(|&id| by_pci_device_id(id))
+            .is_some_and(|first| first.key != self.key)
+    }
+
     /// Whether this model supports MIG at all.
     pub fn mig_capable(&self) -> bool {
         self.mig.is_some()
@@ -181,6 +191,16 @@ pub fn by_pci_device_id(device_id: u16) -> Option<&'static GpuModel> {
     MODELS
         .iter()
         .find(|m| m.pci_device_ids.contains(&device_id))
+}
+
+/// Resolves a GPU by PCI device id and the total memory NVML reports: the model with that id
+/// whose memory is nearest, so board variants sharing an id (GB200's pre-production boards
+/// report 189 GiB, production ones 186) are told apart. `None` for an unknown id.
+pub fn identify(device_id: u16, total_mib: u64) -> Option<&'static GpuModel> {
+    MODELS
+        .iter()
+        .filter(|m| m.pci_device_ids.contains(&device_id))
+        .min_by_key(|m| m.memory_mib.abs_diff(total_mib))
 }
 
 /// Valid compute-instance sizes (in compute slices) inside a GPU instance of `gi_compute_slices`:

@@ -11,8 +11,9 @@
 //! must not depend on the exact figure.
 
 use crate::nvml_enum::{
-    GI_1_SLICE, GI_1_SLICE_REV1, GI_1_SLICE_REV2, GI_2_SLICE, GI_2_SLICE_REV1, GI_3_SLICE,
-    GI_4_SLICE, GI_7_SLICE,
+    GI_1_SLICE, GI_1_SLICE_ALL_ME, GI_1_SLICE_GFX, GI_1_SLICE_NO_ME, GI_1_SLICE_REV1,
+    GI_1_SLICE_REV2, GI_2_SLICE, GI_2_SLICE_ALL_ME, GI_2_SLICE_GFX, GI_2_SLICE_NO_ME,
+    GI_2_SLICE_REV1, GI_3_SLICE, GI_4_SLICE, GI_4_SLICE_GFX, GI_7_SLICE,
 };
 use crate::{Family, GiProfile, GpuModel, MigGeometry};
 
@@ -184,6 +185,55 @@ const A30_4G: Shape = Shape {
     placement_starts: &[0],
 };
 
+// RTX PRO 6000 Blackwell shapes: 4 memory and 4 compute slices like the A30, plus graphics
+// (`+gfx`), all-media (`+me.all`) and no-media (`-me`) variants. Ids 14, 21, 47, 65, 5 and 0 are
+// from -lgip transcripts (GoogleCloudPlatform/container-engine-accelerators #564,
+// bigstack-oss/cubecos #312); the other ids are presumed. Placements are presumed the A30's.
+/// RTX PRO `1g+gfx`.
+const RTX_1G_GFX: Shape = Shape {
+    nvml_enum: GI_1_SLICE_GFX,
+    nvml_id: 47,
+    ..A30_1G
+};
+/// RTX PRO `1g+me.all`: every media engine, so only one.
+const RTX_1G_ALL_ME: Shape = Shape {
+    nvml_enum: GI_1_SLICE_ALL_ME,
+    nvml_id: 65,
+    max_count: 1,
+    ..A30_1G
+};
+/// RTX PRO `1g-me`.
+const RTX_1G_NO_ME: Shape = Shape {
+    nvml_enum: GI_1_SLICE_NO_ME,
+    nvml_id: 67, // presumed
+    ..A30_1G
+};
+/// RTX PRO `2g+gfx`.
+const RTX_2G_GFX: Shape = Shape {
+    nvml_enum: GI_2_SLICE_GFX,
+    nvml_id: 35, // presumed
+    ..A30_2G
+};
+/// RTX PRO `2g+me.all`.
+const RTX_2G_ALL_ME: Shape = Shape {
+    nvml_enum: GI_2_SLICE_ALL_ME,
+    nvml_id: 64, // presumed
+    max_count: 1,
+    ..A30_2G
+};
+/// RTX PRO `2g-me`.
+const RTX_2G_NO_ME: Shape = Shape {
+    nvml_enum: GI_2_SLICE_NO_ME,
+    nvml_id: 66, // presumed
+    ..A30_2G
+};
+/// RTX PRO `4g+gfx`: the whole GPU with graphics.
+const RTX_4G_GFX: Shape = Shape {
+    nvml_enum: GI_4_SLICE_GFX,
+    nvml_id: 32, // presumed
+    ..A30_4G
+};
+
 /// A100 40GB (SXM4 and PCIe). Memory from an R525+ -lgip (4.75/9.62/19.50/39.25 GiB); the PCIe
 /// card is presumed to report the same.
 const A100_40GB_PROFILES: &[GiProfile] = &[
@@ -317,6 +367,110 @@ const GB200_PROFILES: &[GiProfile] = &[
     gi("7g.186gb", S7G, 188416, 152, eng(16, 7, 0, 7, 1)),
 ];
 
+/// GB200 as pre-production HGX GB200 boards reported it (189 GiB in all), from the -lgip in
+/// mig-parted #175 / gpu-operator #1303 for the 1g and 2g rows (20.00/45.50 GiB); NVIDIA's
+/// default config still ships its `3g.95gb`, `4g.95gb` and `7g.189gb` configs. Production
+/// boards report [`GB200_PROFILES`] (mig-parted #227/#228).
+const GB200_189GB_PROFILES: &[GiProfile] = &[
+    gi("1g.24gb", S1G, 20480, 18, eng(2, 1, 0, 1, 0)),
+    gi("1g.24gb+me", S1G_ME, 20480, 18, eng(2, 1, 0, 1, 1)),
+    gi("1g.47gb", S1G_2M, 46592, 32, eng(2, 1, 0, 1, 0)),
+    gi("2g.47gb", S2G, 46592, 38, eng(4, 2, 0, 2, 0)),
+    // presumed: memory (93.25 / 186.50 GiB), SMs and engines, as on production GB200.
+    gi("3g.95gb", S3G, 95488, 68, eng(6, 3, 0, 3, 0)),
+    gi("4g.95gb", S4G, 95488, 76, eng(8, 4, 0, 4, 0)),
+    gi("7g.189gb", S7G, 190976, 152, eng(16, 7, 0, 7, 1)),
+];
+
+/// B300 (Blackwell Ultra, 288GB HBM3e). NVIDIA's default config (mig-parted #47c56d9) gives the
+/// names 1g.34gb ×7, 1g.34gb+me, 1g.67gb ×4, 2g.67gb ×3, 3g.135gb ×2, 4g.135gb and 7g.269gb, which
+/// fix total memory to 268-269 GiB.
+/// presumed: every figure below other than the names and maxima (memory just under an eighth
+/// per slice, SMs and engines as on B200).
+const B300_PROFILES: &[GiProfile] = &[
+    gi("1g.34gb", S1G, 33792, 18, eng(2, 1, 0, 1, 0)),
+    gi("1g.34gb+me", S1G_ME, 33792, 18, eng(2, 1, 0, 1, 1)),
+    gi("1g.67gb", S1G_2M, 67840, 30, eng(2, 1, 0, 1, 0)),
+    gi("2g.67gb", S2G, 67840, 36, eng(4, 2, 0, 2, 0)),
+    gi("3g.135gb", S3G, 135936, 66, eng(6, 3, 0, 3, 0)),
+    gi("4g.135gb", S4G, 135936, 72, eng(8, 4, 0, 4, 0)),
+    gi("7g.269gb", S7G, 272128, 148, eng(16, 7, 0, 7, 1)),
+];
+
+/// GB300 (Grace Blackwell Ultra). NVIDIA's default config (mig-parted #7544911) names 1g.35gb ×7,
+/// 1g.35gb+me, 1g.70gb ×4, 2g.70gb ×3, 3g.139gb ×2, 4g.139gb and 7g.278gb: 277-278 GiB in all.
+/// presumed: every figure below other than the names and maxima (memory just under an eighth
+/// per slice, SMs and engines as on GB200).
+const GB300_PROFILES: &[GiProfile] = &[
+    gi("1g.35gb", S1G, 35072, 18, eng(2, 1, 0, 1, 0)),
+    gi("1g.35gb+me", S1G_ME, 35072, 18, eng(2, 1, 0, 1, 1)),
+    gi("1g.70gb", S1G_2M, 70400, 32, eng(2, 1, 0, 1, 0)),
+    gi("2g.70gb", S2G, 70400, 38, eng(4, 2, 0, 2, 0)),
+    gi("3g.139gb", S3G, 140800, 68, eng(6, 3, 0, 3, 0)),
+    gi("4g.139gb", S4G, 140800, 76, eng(8, 4, 0, 4, 0)),
+    gi("7g.278gb", S7G, 281600, 152, eng(16, 7, 0, 7, 1)),
+];
+
+/// RTX PRO 6000 Blackwell Server Edition (96GB GDDR7). The 1g rows' memory (23.62 GiB), SMs (46)
+/// and engines (1 CE, 1 NVDEC, 1 NVENC, 1 NVJPG; +me adds the OFA) are from a -lgip transcript
+/// (GoogleCloudPlatform/container-engine-accelerators #564); names and maxima from NVIDIA's
+/// default config and MIG user guide.
+/// presumed: 2g/4g memory and SMs, and the `+me.all`/`-me` engine counts (all / none).
+const RTX_PRO_6000_PROFILES: &[GiProfile] = &[
+    gi("1g.24gb", A30_1G, 24186, 46, eng(1, 1, 1, 1, 0)),
+    gi("1g.24gb+me", A30_1G_ME, 24186, 46, eng(1, 1, 1, 1, 1)),
+    gi("1g.24gb+gfx", RTX_1G_GFX, 24186, 46, eng(1, 1, 1, 1, 0)),
+    gi(
+        "1g.24gb+me.all",
+        RTX_1G_ALL_ME,
+        24186,
+        46,
+        eng(1, 4, 4, 4, 1),
+    ),
+    gi("1g.24gb-me", RTX_1G_NO_ME, 24186, 46, eng(1, 0, 0, 0, 0)),
+    gi("2g.48gb", A30_2G, 48384, 94, eng(2, 2, 2, 2, 0)),
+    gi("2g.48gb+gfx", RTX_2G_GFX, 48384, 94, eng(2, 2, 2, 2, 0)),
+    gi(
+        "2g.48gb+me.all",
+        RTX_2G_ALL_ME,
+        48384,
+        94,
+        eng(2, 4, 4, 4, 1),
+    ),
+    gi("2g.48gb-me", RTX_2G_NO_ME, 48384, 94, eng(2, 0, 0, 0, 0)),
+    gi("4g.96gb", A30_4G, 96768, 188, eng(4, 4, 4, 4, 1)),
+    gi("4g.96gb+gfx", RTX_4G_GFX, 96768, 188, eng(4, 4, 4, 4, 1)),
+];
+
+/// H100 96GB, named with GH200 96GB, H20 and PG506-96GB in NVIDIA's default config (the 96GB
+/// `all-balanced` entry: 1g.12gb, 1g.24gb, 2g.24gb, 3g.48gb, 4g.48gb, 7g.96gb). presumed: memory,
+/// SMs and engines as on GH200 96GB (the same H100 die and HBM3 stack).
+const H100_96GB_PROFILES: &[GiProfile] = GH200_96GB_PROFILES;
+
+/// H20 96GB: GH200 96GB's names and memory. presumed: memory as on GH200 96GB; SMs scaled to the
+/// H20's 78 and engines as on H100.
+const H20_PROFILES: &[GiProfile] = &[
+    gi("1g.12gb", S1G, 11264, 10, eng(1, 1, 0, 1, 0)),
+    gi("1g.12gb+me", S1G_ME, 11264, 10, eng(1, 1, 0, 1, 1)),
+    gi("1g.24gb", S1G_2M, 23552, 16, eng(1, 1, 0, 1, 0)),
+    gi("2g.24gb", S2G, 23552, 20, eng(2, 2, 0, 2, 0)),
+    gi("3g.48gb", S3G, 47616, 32, eng(3, 3, 0, 3, 0)),
+    gi("4g.48gb", S4G, 47616, 40, eng(4, 4, 0, 4, 0)),
+    gi("7g.96gb", S7G, 95232, 78, eng(8, 7, 0, 7, 1)),
+];
+
+/// PG506-96GB (PCI 0x20B6, an A100-class board with 96GB), listed with the 96GB parts in NVIDIA's
+/// default config. presumed: memory as GH200 96GB, SMs and engines as A100.
+const PG506_96GB_PROFILES: &[GiProfile] = &[
+    gi("1g.12gb", S1G, 11264, 14, eng(1, 0, 0, 0, 0)),
+    gi("1g.12gb+me", S1G_ME, 11264, 14, eng(1, 1, 0, 1, 1)),
+    gi("1g.24gb", S1G_2M, 23552, 14, eng(1, 1, 0, 0, 0)),
+    gi("2g.24gb", S2G, 23552, 28, eng(2, 1, 0, 0, 0)),
+    gi("3g.48gb", S3G, 47616, 42, eng(3, 2, 0, 0, 0)),
+    gi("4g.48gb", S4G, 47616, 56, eng(4, 2, 0, 0, 0)),
+    gi("7g.96gb", S7G, 95232, 98, eng(7, 5, 0, 1, 1)),
+];
+
 /// MIG geometry of an Ampere part with 8 memory slices (mode stored in InfoROM).
 const fn ampere(gi_profiles: &'static [GiProfile]) -> Option<MigGeometry> {
     Some(MigGeometry {
@@ -332,6 +486,17 @@ const fn hopper_or_later(gi_profiles: &'static [GiProfile]) -> Option<MigGeometr
     Some(MigGeometry {
         memory_slices: 8,
         compute_slices: 7,
+        mode_persists_across_reload: false,
+        gi_profiles,
+    })
+}
+
+/// MIG geometry of a Blackwell part with 4 memory and 4 compute slices (RTX PRO Blackwell;
+/// presumed to lose MIG mode on driver reload like the other Blackwell parts).
+const fn four_slice_blackwell(gi_profiles: &'static [GiProfile]) -> Option<MigGeometry> {
+    Some(MigGeometry {
+        memory_slices: 4,
+        compute_slices: 4,
         mode_persists_across_reload: false,
         gi_profiles,
     })
@@ -568,6 +733,118 @@ pub static MODELS: &[GpuModel] = &[
         max_mem_clock_mhz: 3996,
         nvlinks: 18,
         mig: hopper_or_later(GB200_PROFILES),
+    },
+    GpuModel {
+        // Listed after GB200 so the shared PCI id and NVML name resolve to the production board.
+        key: "GB200-189GB",
+        nvml_name: "NVIDIA GB200",
+        pci_device_ids: &[0x2941],
+        memory_mib: 193024, // presumed (188.50 GiB: the 189 in 7g.189gb)
+        sm_count: 152,
+        compute_capability: (10, 0),
+        family: Family::Blackwell,
+        min_driver_major: 570,     // presumed (as B200)
+        power_limit_mw: 1_200_000, // presumed
+        max_sm_clock_mhz: 2062,    // presumed
+        max_mem_clock_mhz: 3996,   // presumed
+        nvlinks: 18,
+        mig: hopper_or_later(GB200_189GB_PROFILES),
+    },
+    GpuModel {
+        key: "B300",
+        nvml_name: "NVIDIA B300 SXM6 AC", // presumed
+        // 0x3182, the id NVIDIA's default config filters B300 by.
+        pci_device_ids: &[0x3182],
+        memory_mib: 275040, // presumed (268.59 GiB: the 269 in 7g.269gb)
+        sm_count: 148,      // presumed
+        compute_capability: (10, 3),
+        family: Family::Blackwell,
+        min_driver_major: 580,     // presumed
+        power_limit_mw: 1_100_000, // presumed
+        max_sm_clock_mhz: 2032,    // presumed
+        max_mem_clock_mhz: 3996,   // presumed
+        nvlinks: 18,
+        mig: hopper_or_later(B300_PROFILES),
+    },
+    GpuModel {
+        key: "GB300",
+        nvml_name: "NVIDIA GB300", // presumed
+        // 0x31C2, the id NVIDIA's default config filters GB300 by.
+        pci_device_ids: &[0x31C2],
+        memory_mib: 284672, // presumed (278 GiB: the 278 in 7g.278gb)
+        sm_count: 152,      // presumed
+        compute_capability: (10, 3),
+        family: Family::Blackwell,
+        min_driver_major: 580,     // presumed
+        power_limit_mw: 1_400_000, // presumed
+        max_sm_clock_mhz: 2062,    // presumed
+        max_mem_clock_mhz: 3996,   // presumed
+        nvlinks: 18,
+        mig: hopper_or_later(GB300_PROFILES),
+    },
+    GpuModel {
+        key: "RTX-PRO-6000-BSE",
+        nvml_name: "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        // 0x2BB5, the id NVIDIA's default config filters it by.
+        pci_device_ids: &[0x2BB5],
+        memory_mib: 97887,
+        sm_count: 188,
+        compute_capability: (12, 0),
+        family: Family::Blackwell,
+        min_driver_major: 575,    // presumed
+        power_limit_mw: 600_000,  // presumed
+        max_sm_clock_mhz: 2617,   // presumed
+        max_mem_clock_mhz: 14001, // presumed
+        nvlinks: 0,
+        mig: four_slice_blackwell(RTX_PRO_6000_PROFILES),
+    },
+    GpuModel {
+        key: "H100-96GB",
+        nvml_name: "NVIDIA H100 96GB HBM3", // presumed
+        // 0x233D, in NVIDIA's default config's 96GB group.
+        pci_device_ids: &[0x233D],
+        memory_mib: 97871, // presumed (as GH200 96GB)
+        sm_count: 132,
+        compute_capability: (9, 0),
+        family: Family::Hopper,
+        min_driver_major: 525,   // presumed (as H100)
+        power_limit_mw: 700_000, // presumed
+        max_sm_clock_mhz: 1980,  // presumed
+        max_mem_clock_mhz: 2619, // presumed
+        nvlinks: 18,             // presumed
+        mig: hopper_or_later(H100_96GB_PROFILES),
+    },
+    GpuModel {
+        key: "H20",
+        nvml_name: "NVIDIA H20",
+        // 0x2329, in NVIDIA's default config's 96GB group.
+        pci_device_ids: &[0x2329],
+        memory_mib: 97871, // presumed (as GH200 96GB)
+        sm_count: 78,
+        compute_capability: (9, 0),
+        family: Family::Hopper,
+        min_driver_major: 535,   // presumed
+        power_limit_mw: 400_000, // presumed
+        max_sm_clock_mhz: 1980,  // presumed
+        max_mem_clock_mhz: 2619, // presumed
+        nvlinks: 18,             // presumed
+        mig: hopper_or_later(H20_PROFILES),
+    },
+    GpuModel {
+        key: "PG506-96GB",
+        nvml_name: "NVIDIA PG506-96GB", // presumed
+        // 0x20B6, in NVIDIA's default config's 96GB group.
+        pci_device_ids: &[0x20B6],
+        memory_mib: 97871, // presumed
+        sm_count: 108,     // presumed (A100)
+        compute_capability: (8, 0),
+        family: Family::Ampere,
+        min_driver_major: 450,   // presumed (A100)
+        power_limit_mw: 400_000, // presumed
+        max_sm_clock_mhz: 1410,  // presumed
+        max_mem_clock_mhz: 1593, // presumed
+        nvlinks: 12,             // presumed
+        mig: ampere(PG506_96GB_PROFILES),
     },
     GpuModel {
         key: "L4",

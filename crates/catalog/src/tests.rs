@@ -3,8 +3,9 @@
 //! ships (`all-balanced`, `all-<profile>`) fit without overlap.
 
 use crate::nvml_enum::{
-    GI_1_SLICE, GI_1_SLICE_NO_ME, GI_1_SLICE_REV1, GI_1_SLICE_REV2, GI_2_SLICE, GI_2_SLICE_REV1,
-    GI_3_SLICE, GI_4_SLICE, GI_7_SLICE,
+    GI_1_SLICE, GI_1_SLICE_ALL_ME, GI_1_SLICE_GFX, GI_1_SLICE_NO_ME, GI_1_SLICE_REV1,
+    GI_1_SLICE_REV2, GI_2_SLICE, GI_2_SLICE_ALL_ME, GI_2_SLICE_GFX, GI_2_SLICE_NO_ME,
+    GI_2_SLICE_REV1, GI_3_SLICE, GI_4_SLICE, GI_4_SLICE_GFX, GI_7_SLICE,
 };
 use crate::*;
 
@@ -239,6 +240,96 @@ const MAXIMA: &[(&str, &[(&str, u32)])] = &[
             ("7g.186gb", 1),
         ],
     ),
+    // The rest: names and maxima from NVIDIA's default config (mig-parted v0.15.0), which
+    // mig.md predates.
+    (
+        "GB200-189GB",
+        &[
+            ("1g.24gb", 7),
+            ("1g.24gb+me", 1),
+            ("1g.47gb", 4),
+            ("2g.47gb", 3),
+            ("3g.95gb", 2),
+            ("4g.95gb", 1),
+            ("7g.189gb", 1),
+        ],
+    ),
+    (
+        "B300",
+        &[
+            ("1g.34gb", 7),
+            ("1g.34gb+me", 1),
+            ("1g.67gb", 4),
+            ("2g.67gb", 3),
+            ("3g.135gb", 2),
+            ("4g.135gb", 1),
+            ("7g.269gb", 1),
+        ],
+    ),
+    (
+        "GB300",
+        &[
+            ("1g.35gb", 7),
+            ("1g.35gb+me", 1),
+            ("1g.70gb", 4),
+            ("2g.70gb", 3),
+            ("3g.139gb", 2),
+            ("4g.139gb", 1),
+            ("7g.278gb", 1),
+        ],
+    ),
+    (
+        "RTX-PRO-6000-BSE",
+        &[
+            ("1g.24gb", 4),
+            ("1g.24gb+me", 1),
+            ("1g.24gb+gfx", 4),
+            ("1g.24gb+me.all", 1),
+            ("1g.24gb-me", 4),
+            ("2g.48gb", 2),
+            ("2g.48gb+gfx", 2),
+            ("2g.48gb+me.all", 1),
+            ("2g.48gb-me", 2),
+            ("4g.96gb", 1),
+            ("4g.96gb+gfx", 1),
+        ],
+    ),
+    (
+        "H100-96GB",
+        &[
+            ("1g.12gb", 7),
+            ("1g.12gb+me", 1),
+            ("1g.24gb", 4),
+            ("2g.24gb", 3),
+            ("3g.48gb", 2),
+            ("4g.48gb", 1),
+            ("7g.96gb", 1),
+        ],
+    ),
+    (
+        "H20",
+        &[
+            ("1g.12gb", 7),
+            ("1g.12gb+me", 1),
+            ("1g.24gb", 4),
+            ("2g.24gb", 3),
+            ("3g.48gb", 2),
+            ("4g.48gb", 1),
+            ("7g.96gb", 1),
+        ],
+    ),
+    (
+        "PG506-96GB",
+        &[
+            ("1g.12gb", 7),
+            ("1g.12gb+me", 1),
+            ("1g.24gb", 4),
+            ("2g.24gb", 3),
+            ("3g.48gb", 2),
+            ("4g.48gb", 1),
+            ("7g.96gb", 1),
+        ],
+    ),
 ];
 
 #[test]
@@ -278,9 +369,17 @@ fn placement_starts_match_mig_md() {
                 (8, GI_3_SLICE) => (&[0, 4], 4),
                 (8, GI_4_SLICE) => (&[0], 4),
                 (8, GI_7_SLICE) => (&[0], 8),
-                (4, GI_1_SLICE | GI_1_SLICE_REV1) => (&[0, 1, 2, 3], 1),
-                (4, GI_2_SLICE | GI_2_SLICE_REV1) => (&[0, 2], 2),
-                (4, GI_4_SLICE) => (&[0], 4),
+                (
+                    4,
+                    GI_1_SLICE | GI_1_SLICE_REV1 | GI_1_SLICE_GFX | GI_1_SLICE_ALL_ME
+                    | GI_1_SLICE_NO_ME,
+                ) => (&[0, 1, 2, 3], 1),
+                (
+                    4,
+                    GI_2_SLICE | GI_2_SLICE_REV1 | GI_2_SLICE_GFX | GI_2_SLICE_ALL_ME
+                    | GI_2_SLICE_NO_ME,
+                ) => (&[0, 2], 2),
+                (4, GI_4_SLICE | GI_4_SLICE_GFX) => (&[0], 4),
                 other => panic!(
                     "{}: {} has unexpected geometry/enum {other:?}",
                     m.key, p.name
@@ -314,6 +413,14 @@ fn nvml_ids_match_mig_md() {
                 (4, GI_2_SLICE) => 5,
                 (4, GI_2_SLICE_REV1) => 6,
                 (4, GI_4_SLICE) => 0,
+                // RTX PRO Blackwell's variants (47 and 65 from transcripts, the rest presumed).
+                (4, GI_1_SLICE_GFX) => 47,
+                (4, GI_1_SLICE_ALL_ME) => 65,
+                (4, GI_1_SLICE_NO_ME) => 67,
+                (4, GI_2_SLICE_GFX) => 35,
+                (4, GI_2_SLICE_ALL_ME) => 64,
+                (4, GI_2_SLICE_NO_ME) => 66,
+                (4, GI_4_SLICE_GFX) => 32,
                 other => panic!(
                     "{}: {} has unexpected geometry/enum {other:?}",
                     m.key, p.name
@@ -482,14 +589,15 @@ fn every_profile_fits_at_max_count() {
 
 #[test]
 fn geometry_alone_limits_plain_profiles_to_max_count() {
-    // Without the media-engine limit, max_count is exactly what fits. Checked by bypassing the
+    // Without the media-engine limit (`+me`, `+me.all`), max_count is exactly what fits. Checked by bypassing the
     // count limit: place max_count + 1 copies directly.
     for (m, g) in mig_models() {
-        for p in g
-            .gi_profiles
-            .iter()
-            .filter(|p| p.nvml_enum != GI_1_SLICE_REV1 && p.nvml_enum != GI_2_SLICE_REV1)
-        {
+        for p in g.gi_profiles.iter().filter(|p| {
+            !matches!(
+                p.nvml_enum,
+                GI_1_SLICE_REV1 | GI_2_SLICE_REV1 | GI_1_SLICE_ALL_ME | GI_2_SLICE_ALL_ME
+            )
+        }) {
             let wanted = vec![p; p.max_count as usize + 1];
             let compute: u32 = wanted.iter().map(|q| q.compute_slices).sum();
             let fits =
@@ -526,11 +634,17 @@ fn known_mixed_layouts() {
 #[test]
 fn lookup_is_case_insensitive_and_takes_nvml_names() {
     for m in MODELS {
+        // A board variant shares its NVML name with the first model of that name.
+        let first = MODELS
+            .iter()
+            .find(|x| x.nvml_name == m.nvml_name)
+            .map(|x| x.key);
+        for name in [m.nvml_name.to_string(), m.nvml_name.to_ascii_uppercase()] {
+            assert_eq!(lookup(&name).map(|x| x.key).ok(), first, "{name:?}");
+        }
         for name in [
             m.key.to_string(),
             m.key.to_ascii_lowercase(),
-            m.nvml_name.to_string(),
-            m.nvml_name.to_ascii_uppercase(),
             format!("  {}  ", m.key),
         ] {
             assert_eq!(lookup(&name).map(|x| x.key), Ok(m.key), "{name:?}");
@@ -565,9 +679,10 @@ fn unknown_model_error_lists_known_keys() {
 #[test]
 fn keys_and_names_are_unique() {
     let mut keys: Vec<String> = MODELS.iter().map(|m| m.key.to_ascii_lowercase()).collect();
+    // NVML names are unique except for board variants (same PCI id, other memory).
     let mut names: Vec<String> = MODELS
         .iter()
-        .map(|m| m.nvml_name.to_ascii_lowercase())
+        .map(|m| format!("{} {}", m.nvml_name.to_ascii_lowercase(), m.memory_mib))
         .collect();
     keys.sort();
     keys.dedup();
@@ -581,21 +696,52 @@ fn keys_and_names_are_unique() {
 
 #[test]
 fn every_pci_id_resolves_to_its_model() {
-    let mut seen = Vec::new();
+    let mut seen: Vec<(u16, &GpuModel)> = Vec::new();
     for m in MODELS {
         assert!(!m.pci_device_ids.is_empty(), "{}", m.key);
         for &id in m.pci_device_ids {
-            assert!(!seen.contains(&id), "{id:#06x} listed twice");
-            seen.push(id);
-            assert_eq!(
-                by_pci_device_id(id).map(|x| x.key),
-                Some(m.key),
-                "{id:#06x}"
-            );
+            match seen.iter().find(|(s, _)| *s == id) {
+                // A later board variant of the same GPU (GB200's pre-production boards) shares
+                // the id and the NVML name; the id resolves to the first, production, model.
+                Some((_, first)) => {
+                    assert_eq!(first.nvml_name, m.nvml_name, "{id:#06x} listed twice");
+                    assert_ne!(first.memory_mib, m.memory_mib, "{id:#06x} listed twice");
+                    assert_eq!(by_pci_device_id(id).map(|x| x.key), Some(first.key));
+                }
+                None => {
+                    seen.push((id, m));
+                    assert_eq!(
+                        by_pci_device_id(id).map(|x| x.key),
+                        Some(m.key),
+                        "{id:#06x}"
+                    );
+                }
+            }
         }
     }
     assert!(by_pci_device_id(0x0000).is_none());
     assert!(by_pci_device_id(0xFFFF).is_none());
+}
+
+#[test]
+fn board_variants_are_told_apart_by_memory() {
+    let production = model("GB200");
+    let early = model("GB200-189GB");
+    assert!(early.is_board_variant() && !production.is_board_variant());
+    assert_eq!(by_pci_device_id(0x2941).map(|m| m.key), Some("GB200"));
+    assert_eq!(identify(0x2941, 189_471).map(|m| m.key), Some("GB200"));
+    assert_eq!(
+        identify(0x2941, 193_024).map(|m| m.key),
+        Some("GB200-189GB")
+    );
+    assert_eq!(identify(0x2330, 1).map(|m| m.key), Some("H100-SXM5-80GB"));
+    assert!(identify(0xFFFF, 1).is_none());
+    let variants: Vec<&str> = MODELS
+        .iter()
+        .filter(|m| m.is_board_variant())
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(variants, ["GB200-189GB"]);
 }
 
 #[test]
@@ -621,6 +767,14 @@ fn mig_md_pci_ids_resolve() {
         (&[0x2901], &["B200"]),
         (&[0x2941], &["GB200"]),
         (&[0x20B7], &["A30"]),
+        // The ids NVIDIA's default config (mig-parted v0.15.0) filters by that mig.md lacks.
+        (&[0x31C2], &["GB300"]),
+        (&[0x3182], &["B300"]),
+        (&[0x2BB5], &["RTX-PRO-6000-BSE"]),
+        (&[0x2342], &["GH200"]),
+        (&[0x233D], &["H100-96GB"]),
+        (&[0x20B6], &["PG506-96GB"]),
+        (&[0x2329], &["H20"]),
         (&[0x27B8], &["L4"]),
         (&[0x2236], &["A10"]),
     ];
@@ -752,6 +906,13 @@ fn total_memory_gives_the_marketing_size() {
         ("GH200-144GB", 144),
         ("B200", 180),
         ("GB200", 186),
+        ("GB200-189GB", 189),
+        ("B300", 269),
+        ("GB300", 278),
+        ("RTX-PRO-6000-BSE", 96),
+        ("H100-96GB", 96),
+        ("H20", 96),
+        ("PG506-96GB", 96),
     ] {
         assert_eq!(model(key).memory_mib.div_ceil(1024), gib, "{key}");
     }

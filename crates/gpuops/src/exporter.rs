@@ -150,6 +150,7 @@ impl Exporter {
         if let Some(started) = started {
             self.stats.collection_seconds = started.elapsed().as_secs_f64();
         }
+        text.push_str(&crate::config_warnings::exposition());
         text.shrink_to_fit();
         let _ = self.tx.send(Arc::new(text));
     }

@@ -3,6 +3,7 @@
 //! Installed as `kubectl-gpu` it also works as a kubectl plugin (`kubectl gpu ...`).
 
 mod cmd;
+mod config_warnings;
 mod exporter;
 mod gpu_source;
 mod mig_flow;
@@ -11,8 +12,16 @@ mod node_sync;
 mod output;
 mod watch;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
+
+/// `0.1.0 (commit 1a2b3c4d5e6f)`: the commit comes from build.rs (`unknown` without git).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GPUOPS_GIT_COMMIT"),
+    ")"
+);
 
 /// Resilient, cost-effective GPU clusters on Kubernetes: node agent, MIG partitioning, metrics and
 /// diagnosis in one binary.
@@ -23,7 +32,7 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(
     name = "gpuops",
-    version,
+    version = VERSION,
     propagate_version = true,
     verbatim_doc_comment
 )]
@@ -51,6 +60,8 @@ enum Command {
     Doctor(cmd::doctor::Args),
     Top(cmd::top::Args),
     Manifests(cmd::manifests::Args),
+    Completion(cmd::completion::CompletionArgs),
+    Man(cmd::completion::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -78,6 +89,8 @@ fn main() -> ExitCode {
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Top(args) => cmd::top::run(args),
         Command::Manifests(args) => cmd::manifests::run(args),
+        Command::Completion(args) => cmd::completion::completion(args, Cli::command()),
+        Command::Man(args) => cmd::completion::man(args, Cli::command()),
     };
     match result {
         Ok(code) => code,

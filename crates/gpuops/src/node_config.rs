@@ -37,7 +37,9 @@ pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Config>> {
             .to_string();
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
-        configs.insert(name, Config::parse(&text, &path.display().to_string())?);
+        let origin = path.display().to_string();
+        let parsed = Config::parse(&text, &origin)?;
+        configs.insert(name, crate::config_warnings::note(&origin, parsed));
     }
     Ok(configs)
 }

@@ -5,21 +5,81 @@ use comfy_table::{Table, presets};
 use gpuops_inventory::{Health, Inventory, PcieLevel};
 use serde::Serialize;
 
-/// Output format of commands that print data.
+/// Output format of commands that print data, as kubectl spells them (`-o wide`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
     Table,
+    /// The table with the columns that do not fit a narrow terminal.
+    Wide,
     Json,
     Yaml,
 }
 
-/// Serialises for `-o json|yaml`; `None` for tables, which each command renders itself.
+impl Format {
+    /// Whether a table should carry its extra columns.
+    pub fn wide(self) -> bool {
+        self == Format::Wide
+    }
+}
+
+/// Serialises for `-o json|yaml`; `None` for tables (plain or wide), which each command renders
+/// itself.
 pub fn structured<T: Serialize>(value: &T, format: Format) -> Result<Option<String>> {
     Ok(match format {
         Format::Json => Some(serde_json::to_string_pretty(value)? + "\n"),
         Format::Yaml => Some(serde_saphyr::to_string(value)?),
-        Format::Table => None,
+        Format::Table | Format::Wide => None,
     })
+}
+
+/// A table whose `wide` columns appear only with `-o wide`, like kubectl's: rows are given with
+/// every column and the narrow view drops the wide ones.
+pub struct Columns {
+    header: Vec<(&'static str, bool)>,
+    rows: Vec<Vec<String>>,
+    wide: bool,
+}
+
+impl Columns {
+    /// `header` pairs each column name with whether it is a wide-only column.
+    pub fn new(header: &[(&'static str, bool)], wide: bool) -> Columns {
+        Columns {
+            header: header.to_vec(),
+            rows: Vec::new(),
+            wide,
+        }
+    }
+
+    /// A row with a cell for every column, wide ones included.
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    fn keep(&self, i: usize) -> bool {
+        self.wide || self.header.get(i).is_some_and(|(_, wide)| !wide)
+    }
+
+    /// The rendered table.
+    pub fn render(&self) -> String {
+        let names: Vec<&str> = self
+            .header
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.keep(*i))
+            .map(|(_, (n, _))| *n)
+            .collect();
+        let mut t = table(&names);
+        for r in &self.rows {
+            t.add_row(
+                r.iter()
+                    .enumerate()
+                    .filter(|(i, _)| self.keep(*i))
+                    .map(|(_, c)| c.clone())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        t.to_string()
+    }
 }
 
 /// A borderless, kubectl-style table.
@@ -43,6 +103,12 @@ fn health(h: &Health) -> String {
 
 /// The inventory as tables: GPUs, MIG devices, topology.
 pub fn inventory_tables(inv: &Inventory) -> String {
+    inventory_tables_with(inv, false)
+}
+
+/// [`inventory_tables`]; `wide` adds model, compute capability, SMs, serial and PCI ids to the
+/// GPU table and the placement start to the MIG table (`-o wide`).
+pub fn inventory_tables_with(inv: &Inventory, wide: bool) -> String {
     let mut out = format!(
         "Driver {}  CUDA {}  NVML {}  GPUs {}\n\n",
         inv.driver_version,
@@ -50,19 +116,27 @@ pub fn inventory_tables(inv: &Inventory) -> String {
         inv.nvml_version,
         inv.gpus.len()
     );
-    let mut t = table(&[
-        "GPU",
-        "NAME",
-        "UUID",
-        "BUS ID",
-        "MEMORY (MiB)",
-        "UTIL",
-        "TEMP",
-        "POWER",
-        "NUMA",
-        "MIG",
-        "HEALTH",
-    ]);
+    let mut t = Columns::new(
+        &[
+            ("GPU", false),
+            ("NAME", false),
+            ("MODEL", true),
+            ("UUID", false),
+            ("BUS ID", false),
+            ("PCI ID", true),
+            ("SERIAL", true),
+            ("CC", true),
+            ("SMS", true),
+            ("MEMORY (MiB)", false),
+            ("UTIL", false),
+            ("TEMP", false),
+            ("POWER", false),
+            ("NUMA", false),
+            ("MIG", false),
+            ("HEALTH", false),
+        ],
+        wide,
+    );
     for g in &inv.gpus {
         let mig = match (g.mig.capable, g.mig.current_enabled) {
             (false, _) => "n/a".to_string(),
@@ -74,13 +148,14 @@ pub fn inventory_tables(inv: &Inventory) -> String {
         } else {
             "-".into()
         };
-        t.add_row(vec![
+        t.row(vec![
             g.index.to_string(),
             if g.name.is_empty() {
                 "?".into()
             } else {
                 g.name.clone()
             },
+            g.model.clone().unwrap_or_else(|| "-".into()),
             if g.uuid.is_empty() {
                 "?".into()
             } else {
@@ -91,6 +166,15 @@ pub fn inventory_tables(inv: &Inventory) -> String {
             } else {
                 g.pci_bus_id.clone()
             },
+            if g.pci_device_id == 0 {
+                "-".into()
+            } else {
+                format!("0x{:08X}", g.pci_device_id)
+            },
+            g.serial.clone().unwrap_or_else(|| "-".into()),
+            g.compute_capability
+                .map_or_else(|| "-".into(), |(a, b)| format!("{a}.{b}")),
+            opt(g.sm_count, ""),
             memory,
             opt(g.telemetry.gpu_utilization_pct, "%"),
             opt(g.telemetry.temperature_c, "C"),
@@ -100,7 +184,7 @@ pub fn inventory_tables(inv: &Inventory) -> String {
             health(&g.health),
         ]);
     }
-    out.push_str(&t.to_string());
+    out.push_str(&t.render());
     out.push('\n');
     let mig_rows: Vec<_> = inv
         .gpus
@@ -220,6 +304,26 @@ mod tests {
             !text.contains("MIG DEVICE"),
             "no MIG table without MIG devices"
         );
+    }
+
+    #[test]
+    fn wide_adds_columns_and_plain_keeps_the_narrow_table() {
+        let mut i = inv();
+        i.gpus[0].model = Some("L4".into());
+        i.gpus[0].pci_device_id = 0x27B8_10DE;
+        i.gpus[0].compute_capability = Some((8, 9));
+        let narrow = inventory_tables_with(&i, false);
+        let wide = inventory_tables_with(&i, true);
+        for column in ["MODEL", "PCI ID", "SERIAL", "CC", "SMS"] {
+            assert!(!narrow.contains(column), "{column} in narrow:\n{narrow}");
+            assert!(wide.contains(column), "{column} not in wide:\n{wide}");
+        }
+        assert!(
+            wide.contains("0x27B810DE") && wide.contains("8.9"),
+            "{wide}"
+        );
+        assert_eq!(narrow, inventory_tables(&i));
+        assert!(structured(&i, Format::Wide).unwrap().is_none());
     }
 
     #[test]

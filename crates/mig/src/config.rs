@@ -357,8 +357,20 @@ fn yaml_key(s: &str) -> String {
 /// Parses and validates a mig-parted v1 config, or a Kubernetes ConfigMap manifest holding one in
 /// `data."config.yaml"` (or in its only data key). `origin` names the file in errors (`-` = stdin).
 ///
-/// A multi-document file is accepted when exactly one document is a config or a ConfigMap.
+/// A multi-document file (NVIDIA's mig-manager manifests: a DaemonSet, RBAC and several
+/// ConfigMaps) is accepted when exactly one document is a mig-parted config or a ConfigMap holding
+/// one; [`parse_selecting`] picks a ConfigMap by name when there are several.
 pub fn parse(text: &str, origin: &str) -> Result<MigPartedConfig, ConfigError> {
+    parse_selecting(text, origin, None)
+}
+
+/// [`parse`], taking the config from the ConfigMap whose `metadata.name` is `configmap` when
+/// given (an error lists the file's ConfigMaps and their lines when none has that name).
+pub fn parse_selecting(
+    text: &str,
+    origin: &str,
+    configmap: Option<&str>,
+) -> Result<MigPartedConfig, ConfigError> {
     let file = Ctx {
         origin,
         source: text,
@@ -370,51 +382,128 @@ pub fn parse(text: &str, origin: &str) -> Result<MigPartedConfig, ConfigError> {
         .iter()
         .filter(|d| !matches!(d.value, Node::Null))
         .collect();
+    if docs.is_empty() {
+        return Err(file.invalid_nowhere(
+            "the file is empty: expected a mig-parted config (version: v1, mig-configs: ...)",
+        ));
+    }
+    if let Some(name) = configmap {
+        let maps: Vec<&SNode> = docs.iter().copied().filter(|d| is_configmap(d)).collect();
+        return match maps.iter().find(|d| configmap_name(d) == Some(name)) {
+            Some(doc) => parse_configmap(&file, doc),
+            None => Err(file.invalid_nowhere(format!(
+                "no ConfigMap named {} in the file ({})",
+                quote(name),
+                if maps.is_empty() {
+                    "it has none".to_string()
+                } else {
+                    format!("it has {}", file.list_configmaps(&maps))
+                }
+            ))),
+        };
+    }
     let doc = match docs.as_slice() {
-        [] => {
-            return Err(file.invalid_nowhere(
-                "the file is empty: expected a mig-parted config (version: v1, mig-configs: ...)",
-            ));
-        }
         [one] => *one,
         many => {
             let holding: Vec<&SNode> = many
                 .iter()
                 .copied()
-                .filter(|d| {
-                    map_get(d, "version").is_some()
-                        || map_get(d, "mig-configs").is_some()
-                        || map_get(d, "kind").is_some_and(
-                            |(_, v)| matches!(&v.value, Node::Str(s) if s == "ConfigMap"),
-                        )
-                })
+                .filter(|d| is_plain_config(d) || holds_mig_config(d))
                 .collect();
             match holding.as_slice() {
                 [one] => *one,
                 [] => {
+                    let maps: Vec<&SNode> =
+                        many.iter().copied().filter(|d| is_configmap(d)).collect();
+                    let seen = if maps.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (ConfigMaps: {})", file.list_configmaps(&maps))
+                    };
                     return Err(file.invalid(
                         &many[0].referenced,
                         format!(
-                            "none of the file's {} YAML documents is a mig-parted config or a ConfigMap",
+                            "none of the file's {} YAML documents is a mig-parted config or a ConfigMap holding one{seen}",
                             many.len()
                         ),
                     ));
                 }
-                [_, second, ..] => {
+                several => {
+                    let listed: Vec<String> = several
+                        .iter()
+                        .map(|d| match configmap_name(d) {
+                            Some(n) if is_configmap(d) => {
+                                format!("ConfigMap {} (line {})", quote(n), d.referenced.line())
+                            }
+                            _ if is_configmap(d) => {
+                                format!("an unnamed ConfigMap (line {})", d.referenced.line())
+                            }
+                            _ => format!("a mig-parted config (line {})", d.referenced.line()),
+                        })
+                        .collect();
+                    let maps = several.iter().filter(|d| is_configmap(d)).count();
+                    let hint = if maps == several.len() {
+                        "pick one with --configmap NAME"
+                    } else if maps == 0 {
+                        "keep one per file"
+                    } else {
+                        "keep one per file, or pick a ConfigMap with --configmap NAME"
+                    };
                     return Err(file.invalid(
-                        &second.referenced,
-                        "a second YAML document with a MIG config or ConfigMap: keep one per file",
+                        &several[1].referenced,
+                        format!(
+                            "{} YAML documents hold a mig-parted config: {}; {hint}",
+                            several.len(),
+                            listed.join(", ")
+                        ),
                     ));
                 }
             }
         }
     };
     let manifest = map_get(doc, "kind").is_some() || map_get(doc, "apiVersion").is_some();
-    let config = map_get(doc, "version").is_some() || map_get(doc, "mig-configs").is_some();
-    if manifest && !config {
+    if manifest && !is_plain_config(doc) {
         return parse_configmap(&file, doc);
     }
     file.clone().document(doc)
+}
+
+/// A document that is a mig-parted config itself (not a manifest holding one).
+fn is_plain_config(doc: &SNode) -> bool {
+    map_get(doc, "version").is_some() || map_get(doc, "mig-configs").is_some()
+}
+
+fn is_configmap(doc: &SNode) -> bool {
+    map_get(doc, "kind").is_some_and(|(_, v)| matches!(&v.value, Node::Str(s) if s == "ConfigMap"))
+}
+
+/// `metadata.name` of a manifest.
+fn configmap_name(doc: &SNode) -> Option<&str> {
+    let (_, meta) = map_get(doc, "metadata")?;
+    match &map_get(meta, "name")?.1.value {
+        Node::Str(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// A ConfigMap whose `config.yaml` (or any data value) is text with a `mig-configs` key, as
+/// opposed to the other ConfigMaps NVIDIA's manifests carry (GPU clients, hooks).
+fn holds_mig_config(doc: &SNode) -> bool {
+    if !is_configmap(doc) {
+        return false;
+    }
+    let Some((_, data)) = map_get(doc, "data") else {
+        return false;
+    };
+    let Node::Map(items) = &data.value else {
+        return false;
+    };
+    items.iter().any(|(_, v)| match &v.value {
+        Node::Str(text) => text
+            .lines()
+            .any(|l| l.trim_start().starts_with("mig-configs:")),
+        _ => false,
+    })
 }
 
 /// Takes the config text out of a ConfigMap and parses it with positions in the outer file.
@@ -749,6 +838,17 @@ impl Ctx<'_> {
                 .raw(&node.referenced)
                 .map_or_else(|| x.to_string(), str::to_string),
         }
+    }
+
+    /// `"a" (line 3), "b" (line 40)`: the ConfigMaps of a file, for messages.
+    fn list_configmaps(&self, maps: &[&SNode]) -> String {
+        maps.iter()
+            .map(|d| {
+                let name = configmap_name(d).map_or_else(|| "(unnamed)".to_string(), quote);
+                format!("{name} (line {})", d.referenced.line())
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// A mapping key as text: strings as they are, other scalars as written (`yes`, `0`).
@@ -1160,9 +1260,34 @@ const BALANCED: &[Recipe] = &[
         &["H100-NVL"],
         &[("1g.12gb", 2), ("2g.24gb", 1), ("3g.47gb", 1)],
     ),
-    (&["H200"], &[("1g.18gb", 2), ("2g.35gb", 1), ("3g.71gb", 1)]),
+    (
+        &["H200", "H200-NVL"],
+        &[("1g.18gb", 2), ("2g.35gb", 1), ("3g.71gb", 1)],
+    ),
     (&["B200"], &[("1g.23gb", 2), ("2g.45gb", 1), ("3g.90gb", 1)]),
     (&["A30"], &[("1g.6gb", 2), ("2g.12gb", 1)]),
+    // The rest as NVIDIA's default config (mig-parted v0.15.0) has them.
+    (
+        &["GB200"],
+        &[("1g.23gb", 2), ("2g.47gb", 1), ("3g.93gb", 1)],
+    ),
+    (
+        &["GB300"],
+        &[("1g.35gb", 2), ("2g.70gb", 1), ("3g.139gb", 1)],
+    ),
+    (&["RTX-PRO-6000-BSE"], &[("1g.24gb", 2), ("2g.48gb", 1)]),
+    (
+        &["B300"],
+        &[("1g.34gb", 2), ("2g.67gb", 1), ("3g.135gb", 1)],
+    ),
+    (
+        &["GH200-144GB"],
+        &[("1g.18gb", 2), ("2g.36gb", 1), ("3g.72gb", 1)],
+    ),
+    (
+        &["GH200", "H100-96GB", "PG506-96GB", "H20"],
+        &[("1g.12gb", 2), ("2g.24gb", 1), ("3g.48gb", 1)],
+    ),
 ];
 
 /// The device filter list for every PCI id of a model.
@@ -1189,9 +1314,11 @@ fn model_entry(model: &GpuModel, mig_devices: BTreeMap<String, u32>) -> DeviceSp
 /// and `all-balanced`. Each per-profile and balanced config has one entry per model offering it,
 /// filtered to that model's PCI ids, so a node with several models gets each its own counts.
 pub fn nvidia_default_configs() -> MigPartedConfig {
+    // A board variant shares its PCI id with the production model, so an entry filtered to it
+    // would also select the production board; NVIDIA ships the production figures.
     let models: Vec<&GpuModel> = gpuops_catalog::models()
         .iter()
-        .filter(|m| m.mig.is_some())
+        .filter(|m| m.mig.is_some() && !m.is_board_variant())
         .collect();
     let mut configs = vec![
         NamedConfig {

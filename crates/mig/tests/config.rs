@@ -177,12 +177,96 @@ fn multi_document_files_pick_the_one_config() {
     assert_eq!(c.configs[0].entries[0].line, 18);
     assert_eq!(
         err(&format!("{BASE}---\n{BASE}")),
-        "c.yaml:9:1: a second YAML document with a MIG config or ConfigMap: keep one per file"
+        "c.yaml:9:1: 2 YAML documents hold a mig-parted config: a mig-parted config (line 1), a mig-parted config (line 9); keep one per file"
     );
     assert_eq!(
         err("a: 1\n---\nb: 2\n"),
-        "c.yaml:1:1: none of the file's 2 YAML documents is a mig-parted config or a ConfigMap"
+        "c.yaml:1:1: none of the file's 2 YAML documents is a mig-parted config or a ConfigMap holding one"
     );
+}
+
+/// NVIDIA's mig-manager example (mig-parted v0.15.0 `deployments/container/`): a DaemonSet,
+/// RBAC, the `gpu-clients` ConfigMap and the `mig-parted-config` ConfigMap, unchanged.
+const MIG_MANAGER_EXAMPLE: &str = include_str!("fixtures/nvidia-mig-manager-v0.15.0-example.yaml");
+
+#[test]
+fn nvidias_mig_manager_manifest_gives_the_one_configmap_holding_a_mig_config() {
+    let c = parse(MIG_MANAGER_EXAMPLE, "example.yaml").unwrap();
+    assert!(c.names().contains(&"all-balanced"), "{:?}", c.names());
+    // Lines are the outer file's: the config.yaml block starts under `data:` of the second
+    // ConfigMap.
+    let line = MIG_MANAGER_EXAMPLE
+        .lines()
+        .position(|l| l.trim() == "all-disabled:")
+        .unwrap() as u64
+        + 2;
+    assert_eq!(c.get("all-disabled").unwrap().entries[0].line, line);
+    // By name, the same; another name lists both ConfigMaps with their lines.
+    let by_name = gpuops_mig::config::parse_selecting(
+        MIG_MANAGER_EXAMPLE,
+        "example.yaml",
+        Some("mig-parted-config"),
+    )
+    .unwrap();
+    assert_eq!(by_name, c);
+    let e = gpuops_mig::config::parse_selecting(
+        MIG_MANAGER_EXAMPLE,
+        "example.yaml",
+        Some("mig-config"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        e,
+        "example.yaml: no ConfigMap named \"mig-config\" in the file (it has \"gpu-clients\" (line 117), \"mig-parted-config\" (line 135))"
+    );
+    // Naming the ConfigMap that is not a mig-parted config says what is wrong with it.
+    let e = gpuops_mig::config::parse_selecting(
+        MIG_MANAGER_EXAMPLE,
+        "example.yaml",
+        Some("gpu-clients"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("example.yaml:125:5: unknown key \"systemd-services\" at the top level"),
+        "{e}"
+    );
+}
+
+#[test]
+fn several_configmaps_holding_mig_configs_are_ambiguous_and_named() {
+    let second =
+        MIG_MANAGER_EXAMPLE.replace("name: mig-parted-config", "name: mig-parted-config-b");
+    let both = format!(
+        "{MIG_MANAGER_EXAMPLE}\n---\n{}",
+        second.split("---\n").last().unwrap()
+    );
+    let e = err_at(&both, "two.yaml");
+    assert!(
+        e.contains("2 YAML documents hold a mig-parted config: ConfigMap \"mig-parted-config\" (line 135), ConfigMap \"mig-parted-config-b\" (line ")
+            && e.ends_with("; pick one with --configmap NAME"),
+        "{e}"
+    );
+    let picked =
+        gpuops_mig::config::parse_selecting(&both, "two.yaml", Some("mig-parted-config-b"))
+            .unwrap();
+    assert!(picked.names().contains(&"all-balanced"));
+    // A single ConfigMap with another name than asked is refused too.
+    let e = gpuops_mig::config::parse_selecting(SEED, "seed.yaml", Some("nope"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("seed.yaml: no ConfigMap named \"nope\""),
+        "{e}"
+    );
+}
+
+fn err_at(text: &str, origin: &str) -> String {
+    match parse(text, origin) {
+        Ok(c) => panic!("expected an error, parsed {c:?}"),
+        Err(e) => e.to_string(),
+    }
 }
 
 #[test]
@@ -669,4 +753,48 @@ fn nvidia_defaults_cover_every_mig_model_and_round_trip() {
     let yaml = d.to_yaml();
     let back = parse(&yaml, "defaults").unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     assert_eq!(without_lines(back), d);
+}
+
+/// NVIDIA's published default config (mig-parted v0.15.0's `deployments/systemd/config-default.yaml`,
+/// the file the GPU Operator ships), unchanged below a provenance header.
+const NVIDIA_DEFAULT: &str = include_str!("fixtures/nvidia-mig-parted-v0.15.0-config-default.yaml");
+
+#[test]
+fn nvidias_default_config_names_only_gpus_the_catalog_has_with_their_profiles() {
+    let cfg = parse(NVIDIA_DEFAULT, "config-default.yaml").unwrap();
+    assert_eq!(cfg.configs.len(), 81, "{:?}", cfg.names());
+    let mut ids = std::collections::BTreeSet::new();
+    for config in &cfg.configs {
+        for e in &config.entries {
+            for f in &e.filters {
+                assert_eq!(f.device & 0xFFFF, 0x10DE, "{}: {f}", config.name);
+                let id = (f.device >> 16) as u16;
+                ids.insert(id);
+                let model = gpuops_catalog::by_pci_device_id(id)
+                    .unwrap_or_else(|| panic!("{}: {f} is not a catalog model", config.name));
+                assert!(
+                    model.mig_capable(),
+                    "{}: {} has no MIG",
+                    config.name,
+                    model.key
+                );
+                for (profile, n) in &e.mig_devices {
+                    let p = model.gi_profile(profile).unwrap_or_else(|| {
+                        panic!("{}: {} has no {profile}", config.name, model.key)
+                    });
+                    assert!(*n <= p.max_count, "{}: {n}x {profile}", config.name);
+                }
+            }
+            // Unfiltered entries must fit at least one model, as `mig validate` checks.
+            if e.filters.is_empty() && e.mig_enabled {
+                let fits = gpuops_catalog::models()
+                    .iter()
+                    .filter(|m| m.mig_capable())
+                    .any(|m| gpuops_mig::planner::check(m, &e.mig_devices).is_ok());
+                assert!(fits, "{}: {:?} fits no model", config.name, e.mig_devices);
+            }
+        }
+    }
+    // Every PCI id the file filters by, 27 of them.
+    assert_eq!(ids.len(), 27, "{ids:x?}");
 }

@@ -183,8 +183,6 @@ impl Gpus {
         if let Ok(mut seen) = self.last_seen.lock() {
             seen.insert(index, (uuid.clone(), name.clone()));
         }
-        let model = gpuops_catalog::by_pci_device_id((pci.pci_device_id >> 16) as u16)
-            .or_else(|| gpuops_catalog::lookup(&name).ok());
         let mut r = Reader {
             gpu: index,
             warnings,
@@ -200,6 +198,9 @@ impl Gpus {
         let mem = d
             .memory_info()
             .map_err(|e| call("nvmlDeviceGetMemoryInfo", gpu, e))?;
+        // By PCI id and memory: board variants share an id (GB200's pre-production boards).
+        let model = gpuops_catalog::identify((pci.pci_device_id >> 16) as u16, mem.total / MIB)
+            .or_else(|| gpuops_catalog::lookup(&name).ok());
         let memory = Memory {
             total_mib: mem.total / MIB,
             used_mib: mem.used / MIB,

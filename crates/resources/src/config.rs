@@ -117,6 +117,45 @@ pub struct Config {
     /// Fields we do not know (ignored, as NVIDIA's plugin ignores them), as `flags.plugin.foo` paths.
     #[serde(skip)]
     pub unknown_fields: Vec<String>,
+    /// The same fields with where they are written and the known key they probably meant, for
+    /// the runtime to warn about (once per file) and count.
+    #[serde(skip)]
+    pub unknown_keys: Vec<UnknownKey>,
+}
+
+/// A key of the config file that NVIDIA's schema does not have: accepted (NVIDIA's parser is
+/// lenient too) but most likely a typo, so the runtime warns with its position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownKey {
+    /// Dotted path, `[]` for list items: `flags.migStratagy`, `sharing.timeSlicing.resources[].nmae`.
+    pub path: String,
+    /// Where the key is written, when known.
+    pub at: Option<Position>,
+    /// The known key at the same place it is closest to (`migStrategy`), if one is close.
+    pub did_you_mean: Option<&'static str>,
+}
+
+impl UnknownKey {
+    /// `f.yaml:3:3: unknown key flags.migStratagy (did you mean flags.migStrategy?); ignored, as
+    /// NVIDIA's device plugin ignores it`.
+    pub fn warning(&self, origin: &str) -> String {
+        let mut at = origin.to_string();
+        if let Some(p) = self.at {
+            at.push_str(&format!(":{}:{}", p.line, p.column));
+        }
+        let hint = self.did_you_mean.map_or_else(String::new, |k| {
+            let parent = self.path.rsplit_once('.').map_or("", |(parent, _)| parent);
+            if parent.is_empty() {
+                format!(" (did you mean {k}?)")
+            } else {
+                format!(" (did you mean {parent}.{k}?)")
+            }
+        });
+        format!(
+            "{at}: unknown key {}{hint}; ignored, as NVIDIA's device plugin ignores it",
+            self.path
+        )
+    }
 }
 
 /// `flags:`.
@@ -657,32 +696,175 @@ const KNOWN: &[(&str, &[&str])] = &[
     ),
 ];
 
-fn collect_unknown(path: &str, v: &serde_json::Value, out: &mut Vec<String>) {
-    match v {
-        serde_json::Value::Object(map) => {
+/// Unknown keys across the config files a process has read: warns once per file and key (a
+/// reload of an unchanged file says nothing new) and keeps each file's current count for the
+/// `gpuops_config_unknown_keys{file}` gauge.
+#[derive(Debug, Clone, Default)]
+pub struct UnknownKeyReport {
+    warned: std::collections::BTreeSet<(String, String)>,
+    counts: BTreeMap<String, usize>,
+}
+
+impl UnknownKeyReport {
+    /// Records a freshly parsed `config` read from `origin`; returns the warnings not given
+    /// before for this file (one line each, with file:line:col and a did-you-mean).
+    pub fn record(&mut self, origin: &str, config: &Config) -> Vec<String> {
+        self.counts
+            .insert(origin.to_string(), config.unknown_keys.len());
+        config
+            .unknown_keys
+            .iter()
+            .filter(|k| self.warned.insert((origin.to_string(), k.path.clone())))
+            .map(|k| k.warning(origin))
+            .collect()
+    }
+
+    /// Unknown keys per file, as last read.
+    pub fn counts(&self) -> &BTreeMap<String, usize> {
+        &self.counts
+    }
+}
+
+/// A YAML node with the position of every node, keys included: enough to place unknown keys.
+#[derive(Debug)]
+enum RawNode {
+    Scalar(String),
+    Seq(Vec<serde_saphyr::Spanned<RawNode>>),
+    Map(
+        Vec<(
+            serde_saphyr::Spanned<RawNode>,
+            serde_saphyr::Spanned<RawNode>,
+        )>,
+    ),
+    Null,
+}
+
+impl<'de> Deserialize<'de> for RawNode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawNode;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any YAML value")
+            }
+            fn visit_unit<E>(self) -> Result<RawNode, E> {
+                Ok(RawNode::Null)
+            }
+            fn visit_none<E>(self) -> Result<RawNode, E> {
+                Ok(RawNode::Null)
+            }
+            fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<RawNode, D2::Error> {
+                RawNode::deserialize(d)
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<RawNode, E> {
+                Ok(RawNode::Scalar(v.to_string()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<RawNode, E> {
+                Ok(RawNode::Scalar(v.to_string()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<RawNode, E> {
+                Ok(RawNode::Scalar(v.to_string()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<RawNode, E> {
+                Ok(RawNode::Scalar(v.to_string()))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<RawNode, E> {
+                Ok(RawNode::Scalar(v.to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<RawNode, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = a.next_element()? {
+                    items.push(item);
+                }
+                Ok(RawNode::Seq(items))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut a: A) -> Result<RawNode, A::Error> {
+                let mut items = Vec::new();
+                while let Some(entry) = a.next_entry()? {
+                    items.push(entry);
+                }
+                Ok(RawNode::Map(items))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn collect_unknown(path: &str, node: &serde_saphyr::Spanned<RawNode>, out: &mut Vec<UnknownKey>) {
+    match &node.value {
+        RawNode::Map(items) => {
             let Some((_, known)) = KNOWN.iter().find(|(p, _)| *p == path) else {
                 return;
             };
-            for (k, child) in map {
-                let child_path = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
+            for (k, child) in items {
+                let name = match &k.value {
+                    RawNode::Scalar(s) => s.clone(),
+                    _ => "?".to_string(),
                 };
-                if known.contains(&k.as_str()) {
+                let child_path = if path.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{path}.{name}")
+                };
+                if known.contains(&name.as_str()) {
                     collect_unknown(&child_path, child, out);
                 } else {
-                    out.push(child_path);
+                    let loc = k.referenced;
+                    out.push(UnknownKey {
+                        path: child_path,
+                        at: (loc.line() > 0).then(|| Position {
+                            line: loc.line(),
+                            column: loc.column(),
+                        }),
+                        did_you_mean: closest_key(&name, known),
+                    });
                 }
             }
         }
-        serde_json::Value::Array(items) => {
+        RawNode::Seq(items) => {
             for item in items {
                 collect_unknown(&format!("{path}[]"), item, out);
             }
         }
-        _ => {}
+        RawNode::Scalar(_) | RawNode::Null => {}
     }
+}
+
+/// The known key within edit distance 2 of `word` (case-insensitively), if exactly one is nearest.
+fn closest_key(word: &str, known: &[&'static str]) -> Option<&'static str> {
+    let w = word.to_ascii_lowercase();
+    let mut best: Option<(usize, &'static str)> = None;
+    let mut tied = false;
+    for &k in known {
+        let d = edit_distance(&w, &k.to_ascii_lowercase());
+        match best {
+            Some((bd, _)) if d == bd => tied = true,
+            Some((bd, _)) if d > bd => {}
+            _ => {
+                best = Some((d, k));
+                tied = false;
+            }
+        }
+    }
+    match best {
+        Some((d, k)) if d <= 2 && !tied => Some(k),
+        _ => None,
+    }
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
 }
 
 /// Turns a serde-saphyr error into ours, keeping its line and column.
@@ -704,17 +886,29 @@ fn syntax_error(origin: &str, e: &serde_saphyr::Error) -> ConfigError {
 }
 
 impl Config {
-    /// Parses and validates a config file (YAML or JSON; an empty file is an empty v1 config).
-    /// `origin` names the file in errors.
+    /// Parses and validates a config file (YAML or JSON). `origin` names the file in errors. A
+    /// file with nothing in it (empty, blanks or comments only) is an error naming the file: a
+    /// config file that says nothing is a mount or templating mistake, not a wish for defaults.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let empty = || {
+            ConfigError::new(
+                origin,
+                None,
+                "the file is empty: expected a device plugin config (version: v1, flags: ..., sharing: ...)",
+            )
+        };
         if text.trim().is_empty() {
-            return Ok(Config::default());
+            return Err(empty());
+        }
+        let raw: serde_saphyr::Spanned<RawNode> =
+            serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e))?;
+        if matches!(raw.value, RawNode::Null) {
+            return Err(empty());
         }
         let mut cfg: Config = serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e))?;
         // A second, untyped pass to list the fields NVIDIA's newer versions may have and we ignore.
-        if let Ok(raw) = serde_saphyr::from_str::<serde_json::Value>(text) {
-            collect_unknown("", &raw, &mut cfg.unknown_fields);
-        }
+        collect_unknown("", &raw, &mut cfg.unknown_keys);
+        cfg.unknown_fields = cfg.unknown_keys.iter().map(|k| k.path.clone()).collect();
         cfg.validate(origin)?;
         Ok(cfg)
     }
@@ -1282,9 +1476,15 @@ sharing:
     }
 
     #[test]
-    fn empty_and_versionless_files_are_v1() {
-        assert_eq!(Config::parse("", "f").unwrap(), Config::default());
-        assert_eq!(Config::parse("  \n", "f").unwrap(), Config::default());
+    fn empty_files_are_errors_naming_the_file_and_versionless_files_are_v1() {
+        for empty in ["", "  \n", "# only a comment\n", "---\n", "~\n"] {
+            let e = Config::parse(empty, "/etc/nvidia/config.yaml").unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "/etc/nvidia/config.yaml: the file is empty: expected a device plugin config (version: v1, flags: ..., sharing: ...)",
+                "{empty:?}"
+            );
+        }
         let c = Config::parse("flags:\n  migStrategy: single\n", "f").unwrap();
         assert_eq!(c.mig_strategy(), MigStrategy::Single);
         assert!(Config::parse("version: \"\"\n", "f").is_ok());
@@ -1310,8 +1510,56 @@ sharing:
             "f",
         )
         .unwrap();
-        assert_eq!(c.unknown_fields, vec!["extra", "flags.plugin.fooBar"]);
+        assert_eq!(c.unknown_fields, vec!["flags.plugin.fooBar", "extra"]);
         assert!(c.imex.is_some());
+    }
+
+    #[test]
+    fn unknown_keys_are_warned_once_per_file_and_counted() {
+        let mut report = UnknownKeyReport::default();
+        let typo = Config::parse("flags:\n  migStratagy: mixed\n", "a.yaml").unwrap();
+        let w = report.record("a.yaml", &typo);
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].starts_with("a.yaml:2:3: unknown key flags.migStratagy"),
+            "{w:?}"
+        );
+        // Read again (a reload, another GPU pass): counted, not warned again.
+        assert!(report.record("a.yaml", &typo).is_empty());
+        // The same key in another file is that file's warning.
+        assert_eq!(report.record("b.yaml", &typo).len(), 1);
+        assert_eq!(report.counts().get("a.yaml"), Some(&1));
+        // Fixed: the count drops to zero.
+        let fixed = Config::parse("flags:\n  migStrategy: mixed\n", "a.yaml").unwrap();
+        assert!(report.record("a.yaml", &fixed).is_empty());
+        assert_eq!(report.counts().get("a.yaml"), Some(&0));
+    }
+
+    #[test]
+    fn unknown_keys_carry_their_position_and_a_did_you_mean() {
+        let text = "version: v1\nflags:\n  migStratagy: mixed\n  plugin:\n    deviceListStrategy: envvar\n    passDeviceSpec: true\nbogusTop: 1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        nmae: x\n";
+        let c = Config::parse(text, "cfg.yaml").unwrap();
+        // Accepted: the misspelt key is ignored (migStrategy keeps its default), as NVIDIA does.
+        assert_eq!(c.mig_strategy(), MigStrategy::None);
+        let warnings: Vec<String> = c
+            .unknown_keys
+            .iter()
+            .map(|k| k.warning("cfg.yaml"))
+            .collect();
+        assert_eq!(
+            warnings,
+            [
+                "cfg.yaml:3:3: unknown key flags.migStratagy (did you mean flags.migStrategy?); ignored, as NVIDIA's device plugin ignores it",
+                "cfg.yaml:6:5: unknown key flags.plugin.passDeviceSpec (did you mean flags.plugin.passDeviceSpecs?); ignored, as NVIDIA's device plugin ignores it",
+                "cfg.yaml:7:1: unknown key bogusTop; ignored, as NVIDIA's device plugin ignores it",
+                "cfg.yaml:13:9: unknown key sharing.timeSlicing.resources[].nmae (did you mean sharing.timeSlicing.resources[].name?); ignored, as NVIDIA's device plugin ignores it",
+            ]
+        );
+        // JSON files have positions too.
+        let c = Config::parse("{\"flags\": {\"migstrategy\": \"single\"}}", "c.json").unwrap();
+        assert_eq!(c.unknown_keys.len(), 1);
+        assert_eq!(c.unknown_keys[0].did_you_mean, Some("migStrategy"));
+        assert!(c.unknown_keys[0].at.is_some());
     }
 
     #[test]

@@ -23,7 +23,8 @@ pub use allocate::{
 };
 pub use config::{
     AllocationPolicy, Config, ConfigError, DeviceIdStrategy, DeviceListStrategies,
-    DeviceListStrategy, MigStrategy, Overrides, Selection, SharingStrategy, select_named,
+    DeviceListStrategy, MigStrategy, Overrides, Selection, SharingStrategy, UnknownKey,
+    UnknownKeyReport, select_named,
 };
 pub use model::{Backing, Device, MigBacking, ModelError, Resource, resources};
 pub use preferred::{PreferredError, preferred_allocation};
@@ -89,8 +90,13 @@ pub(crate) mod testutil {
     }
 
     /// A parsed file made effective with no env or flags.
+    /// `""` stands for "no config file" (an empty file is an error).
     pub fn cfg(yaml: &str) -> Config {
-        let file = Config::parse(yaml, "t.yaml").unwrap();
+        let file = if yaml.is_empty() {
+            Config::default()
+        } else {
+            Config::parse(yaml, "t.yaml").unwrap()
+        };
         Config::effective(Some(file), &Overrides::default(), &Overrides::default()).unwrap()
     }
 }

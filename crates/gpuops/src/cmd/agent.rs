@@ -276,10 +276,9 @@ fn plugin_config(
         (Some(path), None) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading device plugin config {}", path.display()))?;
-            Some(gpuops_resources::config::Config::parse(
-                &text,
-                &path.display().to_string(),
-            )?)
+            let origin = path.display().to_string();
+            let parsed = gpuops_resources::config::Config::parse(&text, &origin)?;
+            Some(crate::config_warnings::note(&origin, parsed))
         }
         (None, None) => None,
     };

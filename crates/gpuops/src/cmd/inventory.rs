@@ -26,7 +26,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let inventory = opened.gpus.snapshot()?;
     match output::structured(&inventory, args.output)? {
         Some(text) => print!("{text}"),
-        None => print!("{}", output::inventory_tables(&inventory)),
+        None => print!(
+            "{}",
+            output::inventory_tables_with(&inventory, args.output.wide())
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }

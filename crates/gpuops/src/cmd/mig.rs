@@ -35,7 +35,8 @@ pub struct Args {
 
 #[derive(Debug, clap::Args)]
 struct ConfigArgs {
-    /// mig-parted config file (`version: v1`, or a ConfigMap holding `config.yaml`); `-` reads stdin.
+    /// mig-parted config file (`version: v1`, or a ConfigMap holding `config.yaml`, alone or among
+    /// other manifests); `-` reads stdin.
     #[arg(
         short = 'f',
         long = "config-file",
@@ -43,6 +44,10 @@ struct ConfigArgs {
         value_name = "FILE"
     )]
     file: String,
+    /// In a file of several YAML documents (e.g. NVIDIA's mig-manager manifests), the ConfigMap
+    /// to take the config from (default: the only one holding a mig-parted config).
+    #[arg(long, value_name = "NAME")]
+    configmap: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -189,7 +194,11 @@ fn read_config(args: &ConfigArgs) -> Result<MigPartedConfig> {
             .with_context(|| format!("reading config file {}", args.file))?;
         (text, args.file.clone())
     };
-    Ok(config::parse(&text, &origin)?)
+    Ok(config::parse_selecting(
+        &text,
+        &origin,
+        args.configmap.as_deref(),
+    )?)
 }
 
 /// What a named config asks of each GPU it selects on this node.
@@ -647,7 +656,7 @@ fn plan(demand: &str, fleet: Option<&str>, source: &GpuArgs, format: Format) -> 
     };
     let plan = workload::plan_fleet(&demand, &offers)?;
     match format {
-        Format::Table => {
+        Format::Table | Format::Wide => {
             println!("{}", plan.summary());
             println!("mig-parted config:\n{}", plan.mig_parted_yaml());
             println!("node labels (nvidia.com/mig.config):");

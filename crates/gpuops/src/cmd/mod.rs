@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod catalog;
 pub mod cdi;
+pub mod completion;
 pub mod doctor;
 pub mod extender;
 pub mod inventory;
