@@ -173,7 +173,7 @@ fn manifests_render_the_agent_daemonset() {
         "--kubernetes",
         "--interval=10s",
         "--health-quiet-period=5m",
-        "--hostname-label=Hostname",
+        "--hostname-label=hostname",
         "--metrics-address=0.0.0.0:9400",
         "--nvidia-driver-root=/",
         "--mig-config-file=/etc/gpuops/mig/config.yaml",

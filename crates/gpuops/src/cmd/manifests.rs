@@ -650,7 +650,15 @@ pub fn render(
     if metrics && c.on("metrics.service.enabled") && c.on("metrics.serviceMonitor.enabled") {
         let mut meta = c.metadata(fullname.clone(), true, "node-agent");
         extend_labels(&mut meta, c.get("metrics.serviceMonitor.labels"));
-        let mut endpoint = json!({"port": "metrics", "path": "/metrics", "honorLabels": true});
+        // As templates/servicemonitor.yaml: whose pod labels the GPU series carry.
+        let mut endpoint = match text(c.get("metrics.serviceMonitor.podLabels")).as_str() {
+            "target" => json!({"port": "metrics", "path": "/metrics", "honorLabels": false}),
+            "gpu" => json!({
+                "port": "metrics", "path": "/metrics", "honorLabels": true,
+                "relabelings": [{"action": "labeldrop", "regex": "pod|namespace|container"}],
+            }),
+            other => bail!("metrics.serviceMonitor.podLabels must be gpu or target, not {other:?}"),
+        };
         let interval = c.get("metrics.serviceMonitor.interval");
         if truthy(interval) {
             endpoint["interval"] = plain(&text(interval));
