@@ -561,7 +561,7 @@ fn helm_chart_installs_and_its_rbac_is_least_privilege() {
         "--set",
         "mig.enabled=false,taintUnhealthy=true,featureLabels=false,driverRoot=/run/nvidia/driver",
         "--set",
-        "metrics.serviceMonitor.enabled=true,metrics.serviceMonitor.interval=15s,metrics.port=9500",
+        "metrics.serviceMonitor.enabled=true,metrics.serviceMonitor.interval=15s,metrics.serviceMonitor.podLabels=target,metrics.port=9500",
         "--set",
         "metrics.prometheusRule.enabled=true,schedulerExtender.enabled=true",
         "--set",
