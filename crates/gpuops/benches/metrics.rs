@@ -209,6 +209,8 @@ fn main() {
                 .filter(|l| l.starts_with("gpuops_device_allocated{") && l.ends_with(" 1"))
                 .count()
                 == 50
+            // GPM activity needs a second collection: measure the full exposition.
+            && body.matches("DCGM_FI_PROF_GR_ENGINE_ACTIVE{").count() >= 64
         {
             break body;
         }

@@ -255,7 +255,7 @@ fn the_static_manifest_has_the_agent_daemonset() {
         "--kubernetes",
         "--interval=10s",
         "--health-quiet-period=5m",
-        "--hostname-label=Hostname",
+        "--hostname-label=hostname",
         "--metrics-address=0.0.0.0:9400",
         "--nvidia-driver-root=/",
         "--mig-config-file=/etc/gpuops/mig/config.yaml",

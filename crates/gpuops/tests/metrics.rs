@@ -494,47 +494,44 @@ fn a_missing_kubelet_socket_is_reported_once_and_metrics_keep_flowing() {
     assert!(log.contains(socket.to_str().unwrap()), "{log}");
 }
 
-#[test]
-fn a_real_prometheus_scrapes_the_exporter_and_sees_the_series_and_labels() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("sim");
-    let served = exporter(&state, "hgx-h200", &[]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n- job_name: gpuops\n  static_configs:\n  - targets: ['{}']\n",
-            served.address
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-    let mut prometheus = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("prometheus not found: scripts/test installs Debian's prometheus package");
-    struct Kill<'a>(&'a mut Child);
-    impl Drop for Kill<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+/// A real Prometheus on a free loopback port with `config`; killed on drop.
+struct Prometheus {
+    child: Child,
+    address: String,
+    log: PathBuf,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, config: &str) -> Prometheus {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let file = dir.join("prometheus.yml");
+        std::fs::write(&file, config).unwrap();
+        let log = dir.join("prometheus.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", file.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .expect("prometheus not found: scripts/test installs Debian's prometheus package");
+        Prometheus {
+            child,
+            address: format!("127.0.0.1:{port}"),
+            log,
         }
     }
-    let _guard = Kill(&mut prometheus);
-    let prom = format!("127.0.0.1:{port}");
-    let query = |q: &str| -> serde_json::Value {
+
+    /// The result vector of an instant query (empty while Prometheus is not up yet).
+    fn results(&self, q: &str) -> Vec<serde_json::Value> {
         let encoded: String = q
             .bytes()
             .map(|b| match b {
@@ -542,29 +539,63 @@ fn a_real_prometheus_scrapes_the_exporter_and_sees_the_series_and_labels() {
                 _ => format!("%{b:02X}"),
             })
             .collect();
-        match std::net::TcpStream::connect(&prom) {
-            Ok(_) => {
-                let (_, body) = http_get(&prom, &format!("/api/v1/query?query={encoded}"));
-                serde_json::from_str(&body).unwrap_or(serde_json::Value::Null)
-            }
-            Err(_) => serde_json::Value::Null,
+        if std::net::TcpStream::connect(&self.address).is_err() {
+            return Vec::new();
         }
-    };
-    let results = |q: &str| {
-        query(q)["data"]["result"]
+        let (_, body) = http_get(&self.address, &format!("/api/v1/query?query={encoded}"));
+        serde_json::from_str::<serde_json::Value>(&body).unwrap_or(serde_json::Value::Null)["data"]
+            ["result"]
             .as_array()
             .cloned()
             .unwrap_or_default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while results("DCGM_FI_DEV_GPU_TEMP").len() < 8 {
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus never got 8 GPU temperatures; its log:\n{}",
-            std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(500));
     }
+
+    /// Queries until `check` holds on the result, with a deadline.
+    fn until(
+        &self,
+        what: &str,
+        q: &str,
+        check: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = self.results(q);
+            if check(&r) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {q} gave {r:#?}; Prometheus log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_exporter_and_sees_the_series_and_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let served = exporter(&state, "hgx-h200", &[]);
+    let prometheus = Prometheus::start(
+        dir.path(),
+        &format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n- job_name: gpuops\n  static_configs:\n  - targets: ['{}']\n",
+            served.address
+        ),
+    );
+    let results = |q: &str| prometheus.results(q);
+    prometheus.until("8 GPU temperatures", "DCGM_FI_DEV_GPU_TEMP", |r| {
+        r.len() == 8
+    });
     let up = results("up{job=\"gpuops\"}");
     assert_eq!(up[0]["value"][1], "1", "{up:?}");
     let temp = &results("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"}")[0]["metric"];
@@ -719,4 +750,258 @@ fn dcgm_exporters_env_vars_configure_the_exporter_and_bad_ones_are_named() {
         text.contains("DCGM_EXPORTER_INTERVAL=\"30s\"") && text.contains("milliseconds"),
         "{text}"
     );
+}
+
+/// The kubelet's PodResources API, answering `List()` with whatever the test put in `pods`.
+struct FakeKubelet {
+    pods: std::sync::Arc<std::sync::Mutex<Vec<gpuops_kubelet_api::podresources::v1::PodResources>>>,
+}
+
+#[tonic::async_trait]
+impl gpuops_kubelet_api::podresources::v1::pod_resources_lister_server::PodResourcesLister
+    for FakeKubelet
+{
+    async fn list(
+        &self,
+        _: tonic::Request<gpuops_kubelet_api::podresources::v1::ListPodResourcesRequest>,
+    ) -> Result<
+        tonic::Response<gpuops_kubelet_api::podresources::v1::ListPodResourcesResponse>,
+        tonic::Status,
+    > {
+        let pods = self.pods.lock().unwrap().clone();
+        Ok(tonic::Response::new(
+            gpuops_kubelet_api::podresources::v1::ListPodResourcesResponse {
+                pod_resources: pods,
+            },
+        ))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: tonic::Request<gpuops_kubelet_api::podresources::v1::AllocatableResourcesRequest>,
+    ) -> Result<
+        tonic::Response<gpuops_kubelet_api::podresources::v1::AllocatableResourcesResponse>,
+        tonic::Status,
+    > {
+        Ok(tonic::Response::new(Default::default()))
+    }
+
+    async fn get(
+        &self,
+        _: tonic::Request<gpuops_kubelet_api::podresources::v1::GetPodResourcesRequest>,
+    ) -> Result<
+        tonic::Response<gpuops_kubelet_api::podresources::v1::GetPodResourcesResponse>,
+        tonic::Status,
+    > {
+        Err(tonic::Status::unimplemented("not used"))
+    }
+}
+
+/// A Prometheus Operator scrape job for the chart's ServiceMonitor in `mode`
+/// (`metrics.serviceMonitor.podLabels`), as a static config: the target gets the `__meta_*`
+/// labels Kubernetes service discovery would give the agent pod's endpoint, then the relabelling
+/// the operator generates for every ServiceMonitor endpoint, then the endpoint's own.
+fn operator_job(mode: &str, target: &str) -> String {
+    let out = common::run(&[
+        "manifests",
+        "--service-monitor",
+        "--set",
+        &format!("metrics.serviceMonitor.podLabels={mode}"),
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let endpoint = text
+        .split("\n---")
+        .map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).unwrap_or_default())
+        .find(|o| o["kind"] == "ServiceMonitor")
+        .expect("a ServiceMonitor")["spec"]["endpoints"][0]
+        .clone();
+    let honor = endpoint["honorLabels"].as_bool().unwrap_or(false);
+    let own: Vec<String> = endpoint["relabelings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| {
+            let fields: Vec<String> = r
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| {
+                    let key = match k.as_str() {
+                        "sourceLabels" => "source_labels",
+                        "targetLabel" => "target_label",
+                        other => other,
+                    };
+                    format!("{key}: {v}")
+                })
+                .collect();
+            format!("  - {{{}}}\n", fields.join(", "))
+        })
+        .collect();
+    let service = format!("gpuops-{mode}");
+    format!(
+        "- job_name: serviceMonitor/gpuops/{service}/0\n  honor_labels: {honor}\n  static_configs:\n  - targets: ['{target}']\n    labels:\n      __meta_kubernetes_namespace: gpuops\n      __meta_kubernetes_service_name: {service}\n      __meta_kubernetes_pod_name: gpuops-agent-x7k2p\n      __meta_kubernetes_pod_container_name: agent\n      __meta_kubernetes_endpoint_port_name: metrics\n  relabel_configs:\n  - {{source_labels: [job], target_label: __tmp_prometheus_job_name}}\n  - {{source_labels: [__meta_kubernetes_endpoint_port_name], regex: metrics, action: keep}}\n  - {{source_labels: [__meta_kubernetes_namespace], target_label: namespace}}\n  - {{source_labels: [__meta_kubernetes_service_name], target_label: service}}\n  - {{source_labels: [__meta_kubernetes_pod_name], target_label: pod}}\n  - {{source_labels: [__meta_kubernetes_pod_container_name], target_label: container}}\n  - {{source_labels: [__meta_kubernetes_service_name], target_label: job}}\n  - {{target_label: endpoint, replacement: metrics}}\n{}",
+        own.concat()
+    )
+}
+
+#[test]
+fn behind_the_prometheus_operator_free_gpus_never_look_allocated_or_idle() {
+    use gpuops_kubelet_api::podresources::v1::{
+        ContainerDevices, ContainerResources, PodResources,
+        pod_resources_lister_server::PodResourcesListerServer,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let pods = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let socket = dir.path().join("pod-resources.sock");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener = runtime
+        .block_on(async { tokio::net::UnixListener::bind(&socket) })
+        .unwrap();
+    runtime.spawn(
+        tonic::transport::Server::builder()
+            .add_service(PodResourcesListerServer::new(FakeKubelet {
+                pods: pods.clone(),
+            }))
+            .serve_with_incoming(gpuops_kubelet_api::unix::incoming(listener)),
+    );
+    let served = exporter(
+        &state,
+        "l4x4",
+        &["--pod-resources-socket", socket.to_str().unwrap()],
+    );
+    let inv: serde_json::Value = serde_json::from_slice(
+        &common::run(&[
+            "inventory",
+            "--sim-state",
+            state.to_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    let gpu0 = inv["gpus"][0]["uuid"].as_str().unwrap().to_string();
+    // ml/trainer-0 holds GPU 0 and leaves it idle; GPUs 1-3 are free (and idle).
+    pods.lock().unwrap().push(PodResources {
+        name: "trainer-0".into(),
+        namespace: "ml".into(),
+        containers: vec![ContainerResources {
+            name: "train".into(),
+            devices: vec![ContainerDevices {
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: vec![gpu0],
+                topology: None,
+            }],
+            ..ContainerResources::default()
+        }],
+    });
+    served.metrics_until("GPU 0 allocated", |b| {
+        series(b, "gpuops_device_allocated")
+            .iter()
+            .any(|l| l.contains("pod=\"trainer-0\"") && l.ends_with(" 1"))
+    });
+
+    let rules =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/prometheus/gpuops-rules.yaml");
+    let prometheus = Prometheus::start(
+        dir.path(),
+        &format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{}']\nscrape_configs:\n{}{}",
+            rules.display(),
+            operator_job("gpu", &served.address),
+            operator_job("target", &served.address),
+        ),
+    );
+    let by_gpu = |r: &[serde_json::Value]| -> Vec<(String, serde_json::Value)> {
+        let mut v: Vec<(String, serde_json::Value)> = r
+            .iter()
+            .map(|s| {
+                (
+                    s["metric"]["gpu"].as_str().unwrap_or("").to_string(),
+                    s["metric"].clone(),
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+
+    // The chart's default: the GPU user's pod labels, and none at all on a free GPU.
+    let gpu = prometheus.until(
+        "4 GPUs scraped (podLabels: gpu)",
+        "gpuops_device_allocated{job=\"gpuops-gpu\"}",
+        |r| r.len() == 4,
+    );
+    for (index, m) in by_gpu(&gpu) {
+        if index == "0" {
+            assert_eq!(
+                (m["namespace"].as_str(), m["pod"].as_str()),
+                (Some("ml"), Some("trainer-0")),
+                "{m}"
+            );
+            assert_eq!(m["container"], "train");
+        } else {
+            assert!(
+                m.get("pod").is_none()
+                    && m.get("namespace").is_none()
+                    && m.get("container").is_none(),
+                "free GPU {index} inherited the agent pod's target labels: {m}"
+            );
+        }
+        assert_eq!(m["service"], "gpuops-gpu");
+    }
+    let up = prometheus.results("up{job=\"gpuops-gpu\"}");
+    assert_eq!(up[0]["value"][1], "1", "{up:?}");
+
+    // dcgm-exporter's default: target labels win, the user's come as exported_*.
+    let target = prometheus.until(
+        "4 GPUs scraped (podLabels: target)",
+        "gpuops_device_allocated{job=\"gpuops-target\"}",
+        |r| r.len() == 4,
+    );
+    for (index, m) in by_gpu(&target) {
+        assert_eq!(m["pod"], "gpuops-agent-x7k2p", "{m}");
+        assert_eq!(m["namespace"], "gpuops", "{m}");
+        if index == "0" {
+            assert_eq!(m["exported_pod"], "trainer-0", "{m}");
+            assert_eq!(m["exported_namespace"], "ml", "{m}");
+        } else {
+            assert!(m.get("exported_pod").is_none(), "{m}");
+        }
+    }
+
+    // The shipped idle alert, evaluated by this Prometheus: pending for the held GPU 0 under
+    // either scrape, never for the free ones (which carry a pod label under `target`).
+    let pending = prometheus.until(
+        "GpuAllocatedIdle pending for GPU 0 in both jobs",
+        "ALERTS{alertname=\"GpuAllocatedIdle\"}",
+        |r| r.len() >= 2,
+    );
+    let mut seen: Vec<(String, String)> = pending
+        .iter()
+        .map(|a| {
+            (
+                a["metric"]["job"].as_str().unwrap_or("").to_string(),
+                a["metric"]["gpu"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("gpuops-gpu".to_string(), "0".to_string()),
+            ("gpuops-target".to_string(), "0".to_string())
+        ],
+        "{pending:#?}"
+    );
+    assert!(
+        pending
+            .iter()
+            .all(|a| a["metric"]["alertstate"] == "pending")
+    );
+    drop(runtime);
 }

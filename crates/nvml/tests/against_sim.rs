@@ -914,7 +914,9 @@ trait WithTelemetry {
 
 impl WithTelemetry for gpuops_inventory::Gpu {
     fn with_telemetry_of(mut self, other: &gpuops_inventory::Gpu) -> Self {
+        // Live figures: telemetry and the GPM activity since the previous snapshot.
         self.telemetry = other.telemetry;
+        self.activity = other.activity;
         self
     }
 }
