@@ -448,12 +448,13 @@ fn the_seeds_workflow_runs_on_a_real_node_from_the_chart_and_the_image() {
     let agent = bed.agent_pod().unwrap();
     let pod_ip = agent["status"]["podIP"].as_str().unwrap().to_string();
     let prometheus = Prometheus::start(bed.node.dir(), &format!("{pod_ip}:9400"));
+    // Framebuffer use is per MIG device (DCGM has no GPU_UTIL for MIG instances).
     let query =
-        "DCGM_FI_DEV_GPU_UTIL{pod=\"inference-small\",namespace=\"default\",container=\"model\"}";
+        "DCGM_FI_DEV_FB_USED{pod=\"inference-small\",namespace=\"default\",container=\"model\"}";
     let mut result = Value::Null;
-    bed.wait(
+    let seen = wait_until(
         "Prometheus to see inference-small on a GPU metric",
-        90,
+        Duration::from_secs(90),
         || {
             result = prometheus.query(query);
             result["data"]["result"]
@@ -461,6 +462,14 @@ fn the_seeds_workflow_runs_on_a_real_node_from_the_chart_and_the_image() {
                 .is_some_and(|r| !r.is_empty())
         },
     );
+    if let Err(e) = seen {
+        panic!(
+            "{e}\nlast answer: {result}\ntargets: {}\nseries with a pod label: {}\n{}",
+            prometheus.get("/api/v1/targets"),
+            prometheus.query("count by (__name__, pod) ({pod!=\"\"})"),
+            bed.report()
+        );
+    }
     let series = &result["data"]["result"][0]["metric"];
     assert_eq!(series["GPU_I_PROFILE"], "1g.10gb", "{series}");
     assert_eq!(series["Hostname"], bed.node.name.as_str(), "{series}");
@@ -484,6 +493,16 @@ fn the_seeds_workflow_runs_on_a_real_node_from_the_chart_and_the_image() {
         .container_pid(&agent_uid, "agent")
         .unwrap()
         .expect("the agent container's pid");
+    if let Some(rss) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .map(|v| v.trim().to_string())
+        })
+    {
+        figure("agent process RSS, 8 GPUs x 7 MIG, 1 GPU pod", rss);
+    }
     let t0 = Instant::now();
     let killed = Command::new("kill")
         .args(["-9", &pid.to_string()])
@@ -621,6 +640,10 @@ impl Prometheus {
             child,
             address: format!("127.0.0.1:{port}"),
         }
+    }
+
+    fn get(&self, path: &str) -> String {
+        http_get(&self.address, path).unwrap_or_default()
     }
 
     fn query(&self, q: &str) -> Value {
