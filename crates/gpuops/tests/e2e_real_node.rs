@@ -230,8 +230,18 @@ impl Bed {
     fn report(&self) -> String {
         let kubelet = std::fs::read_to_string(self.node.kubelet_log()).unwrap_or_default();
         let tail: Vec<&str> = kubelet.lines().rev().take(25).collect();
+        let pods = self
+            .cluster
+            .kubectl(&["get", "pods", "-A", "-o", "wide"])
+            .unwrap_or_default();
+        let events = self
+            .cluster
+            .kubectl(&["get", "events", "-A", "--sort-by=.lastTimestamp"])
+            .unwrap_or_default();
+        let events: Vec<&str> = events.lines().rev().take(15).collect();
         format!(
-            "agent pod: {}\nagent logs:\n{}\nkubelet log (last lines, newest first):\n{}",
+            "pods:\n{pods}\nevents (newest first):\n{}\nagent pod: {}\nagent logs:\n{}\nkubelet log (last lines, newest first):\n{}",
+            events.join("\n"),
             self.agent_pod()
                 .map(|p| p["status"].to_string())
                 .unwrap_or_else(|| "none".into()),
@@ -665,4 +675,68 @@ impl Drop for Prometheus {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_seeds_standalone_device_plugin_daemonset_runs_with_our_image() {
+    let bed = Bed::start("l4x4");
+    // The seed's nvidia-device-plugin.yaml as written (namespace, env vars, privileged, the
+    // device-plugins hostPath), with our image instead of nvcr.io/nvidia/k8s-device-plugin. The
+    // only additions stand in for real GPUs: the simulated driver's state and where it serves.
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed-nvidia-device-plugin.yaml"),
+    )
+    .unwrap();
+    let mut ds: Value = serde_saphyr::from_str(&text).unwrap();
+    let spec = &mut ds["spec"]["template"]["spec"];
+    let seed_env = spec["containers"][0]["env"].clone();
+    spec["containers"][0]["image"] = Value::from(bed.image_ref.as_str());
+    spec["containers"][0]["imagePullPolicy"] = Value::from("Never");
+    spec["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .extend([
+            serde_json::json!({"name": "GPUOPS_NVML_SIM_STATE", "value": "/sim"}),
+            // A simulated node serves its plugin under the sim state unless told (so a demo
+            // touches no system path); here the kubelet's directory, as on a GPU node.
+            serde_json::json!({"name": "DEVICE_PLUGIN_PATH", "value": "/var/lib/kubelet/device-plugins"}),
+        ]);
+    spec["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "sim", "mountPath": "/sim"}));
+    spec["volumes"].as_array_mut().unwrap().push(
+        serde_json::json!({"name": "sim", "hostPath": {"path": bed.sim_state.display().to_string()}}),
+    );
+    assert_eq!(
+        seed_env,
+        serde_json::json!([
+            {"name": "FAIL_ON_INIT_ERROR", "value": "false"},
+            {"name": "DEVICE_SPLIT_COUNT", "value": "1"},
+            {"name": "DEVICE_LIST_STRATEGY", "value": "envvar"},
+        ]),
+        "the seed's env vars, unchanged"
+    );
+    bed.cluster.apply(&ds.to_string()).unwrap();
+    bed.wait("4 nvidia.com/gpu from the seed's DaemonSet", 120, || {
+        bed.allocatable("nvidia.com/gpu").as_deref() == Some("4")
+    });
+    bed.cluster
+        .apply(&bed.workload("one-l4", "nvidia.com/gpu"))
+        .unwrap();
+    bed.wait("the GPU pod Running", 120, || {
+        bed.pod_phase("one-l4") == "Running"
+    });
+    let env = bed.exec("one-l4", &["env"]);
+    let visible = env
+        .lines()
+        .find_map(|l| l.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+        .unwrap_or_else(|| {
+            panic!("no NVIDIA_VISIBLE_DEVICES (DEVICE_LIST_STRATEGY=envvar):\n{env}")
+        });
+    assert!(
+        visible.starts_with("GPU-") && !visible.contains(','),
+        "one whole L4: {visible}"
+    );
 }
