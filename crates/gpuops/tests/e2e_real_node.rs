@@ -740,3 +740,91 @@ fn the_seeds_standalone_device_plugin_daemonset_runs_with_our_image() {
         "one whole L4: {visible}"
     );
 }
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn fifty_mig_pods_get_distinct_devices_and_the_agent_attributes_them_all() {
+    let bed = Bed::start("dgx-h100");
+    bed.install(&[
+        "--set",
+        "migStrategy=mixed",
+        "--set",
+        "mig.defaultConfig=all-1g.10gb",
+    ]);
+    bed.wait("56 nvidia.com/mig-1g.10gb allocatable", 180, || {
+        bed.allocatable("nvidia.com/mig-1g.10gb").as_deref() == Some("56")
+    });
+    bed.wait_agent_ready();
+    let replicas = 50;
+    let t0 = Instant::now();
+    bed.cluster
+        .apply(&format!(
+            r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: inference
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels: {{app: inference}}
+  template:
+    metadata:
+      labels: {{app: inference}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: model
+          image: {image}
+          imagePullPolicy: Never
+          command: ["sleep", "3600"]
+          resources:
+            limits:
+              nvidia.com/mig-1g.10gb: 1
+"#,
+            image = bed.node.images().busybox_ref
+        ))
+        .unwrap();
+    bed.wait("50 MIG pods available", 400, || {
+        bed.cluster
+            .get_json(&["deployment", "inference"])
+            .is_ok_and(|d| d["status"]["availableReplicas"] == replicas)
+    });
+    figure(
+        "50 MIG pods create -> all Running (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    // Through the agent's metrics (from the kubelet's PodResources): every pod on its own device.
+    let agent = bed.agent_pod().unwrap();
+    let pod_ip = agent["status"]["podIP"].as_str().unwrap().to_string();
+    let mut by_device = std::collections::BTreeMap::new();
+    bed.wait("the agent's metrics to name all 50 pods", 60, || {
+        by_device.clear();
+        let text = http_get(&format!("{pod_ip}:9400"), "/metrics").unwrap_or_default();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("DCGM_FI_DEV_FB_USED{") && l.contains("pod=\"inference-"))
+        {
+            let label = |name: &str| {
+                line.split(&format!("{name}=\""))
+                    .nth(1)?
+                    .split('"')
+                    .next()
+                    .map(str::to_string)
+            };
+            if let (Some(uuid), Some(gi), Some(pod)) =
+                (label("UUID"), label("GPU_I_ID"), label("pod"))
+            {
+                by_device.insert((uuid, gi), pod);
+            }
+        }
+        by_device.len() == replicas
+    });
+    let pods: std::collections::BTreeSet<&String> = by_device.values().collect();
+    assert_eq!(pods.len(), replicas, "one device per pod: {by_device:?}");
+    let agent_uid = agent["metadata"]["uid"].as_str().unwrap();
+    let bytes = cgroup_working_set(agent_uid).expect("the agent pod's memory cgroup");
+    figure(
+        "agent pod working set, 8 GPUs x 7 MIG, 50 GPU pods (MiB)",
+        format!("{:.1}", bytes as f64 / 1048576.0),
+    );
+}
