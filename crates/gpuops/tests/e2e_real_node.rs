@@ -828,3 +828,133 @@ spec:
         format!("{:.1}", bytes as f64 / 1048576.0),
     );
 }
+
+#[test]
+#[ignore = "needs Debian's package index for scripts/image (apt-get download): run scripts/test"]
+fn the_image_is_a_docker_archive_of_the_binary_and_exactly_what_it_links() {
+    let (archive, image_ref) = image();
+    let dir = tempfile::tempdir().unwrap();
+    let untar = |file: &Path, into: &Path| {
+        std::fs::create_dir_all(into).unwrap();
+        let ok = Command::new("tar")
+            .arg("-xf")
+            .arg(file)
+            .arg("-C")
+            .arg(into)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "tar -xf {}", file.display());
+    };
+    untar(&archive, dir.path());
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest.as_array().map(Vec::len), Some(1), "{manifest}");
+    assert_eq!(manifest[0]["RepoTags"], serde_json::json!([image_ref]));
+    let config_file = manifest[0]["Config"].as_str().unwrap();
+    let config_text = std::fs::read(dir.path().join(config_file)).unwrap();
+    let config: Value = serde_json::from_slice(&config_text).unwrap();
+    // Content-addressed: the config's name is its sha256, the layer's diff_id the layer's.
+    let sha = |bytes: &[u8]| {
+        use std::io::Write;
+        let mut child = Command::new("sha256sum")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(bytes).unwrap();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout)[..64].to_string()
+    };
+    assert_eq!(format!("{}.json", sha(&config_text)), config_file);
+    let layer = dir.path().join(manifest[0]["Layers"][0].as_str().unwrap());
+    let layer_bytes = std::fs::read(&layer).unwrap();
+    assert_eq!(
+        config["rootfs"]["diff_ids"],
+        serde_json::json!([format!("sha256:{}", sha(&layer_bytes))])
+    );
+    // As NVIDIA's device plugin image: root, the agent; the non-root user for everything else.
+    assert_eq!(config["config"]["User"], "0:0");
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        serde_json::json!(["/usr/bin/gpuops"])
+    );
+    assert_eq!(config["config"]["Cmd"], serde_json::json!(["agent"]));
+    let labels = &config["config"]["Labels"];
+    for key in [
+        "title", "version", "revision", "created", "source", "licenses",
+    ] {
+        assert!(
+            labels[format!("org.opencontainers.image.{key}")].is_string(),
+            "OCI label {key}: {labels}"
+        );
+    }
+    assert_eq!(
+        labels["io.gpuops.version"],
+        format!("gpuops {}", env!("CARGO_PKG_VERSION")).as_str()
+    );
+
+    let root = dir.path().join("rootfs");
+    untar(&layer, &root);
+    let mut files = Vec::new();
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                walk(base, &p, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().display().to_string());
+            }
+        }
+    }
+    walk(&root, &root, &mut files);
+    files.sort();
+    let libs: Vec<&String> = files
+        .iter()
+        .filter(|f| f.starts_with("lib") && !f.starts_with("lib64"))
+        .collect();
+    assert_eq!(
+        libs,
+        [
+            "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            "lib/x86_64-linux-gnu/libc.so.6",
+            "lib/x86_64-linux-gnu/libdl.so.2",
+            "lib/x86_64-linux-gnu/libgcc_s.so.1",
+            "lib/x86_64-linux-gnu/libm.so.6",
+            "lib/x86_64-linux-gnu/libpthread.so.0",
+            "lib/x86_64-linux-gnu/librt.so.1",
+        ],
+        "exactly what gpuops, the simulator and the driver's NVML link"
+    );
+    for wanted in [
+        "usr/bin/gpuops",
+        "usr/bin/kubectl-gpu",
+        "usr/lib/gpuops/libnvml_sim.so",
+        "lib64/ld-linux-x86-64.so.2",
+        "etc/ssl/certs/ca-certificates.crt",
+        "etc/passwd",
+        "usr/share/doc/libc6/copyright",
+    ] {
+        assert!(files.iter().any(|f| f == wanted), "{wanted} in {files:?}");
+    }
+    let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
+    assert!(passwd.contains("nonroot:x:65532:65532:"), "{passwd}");
+    let bundle = std::fs::read_to_string(root.join("etc/ssl/certs/ca-certificates.crt")).unwrap();
+    assert!(
+        bundle.matches("BEGIN CERTIFICATE").count() > 100,
+        "Debian's CA bundle"
+    );
+    // The packed binary runs with only the packed loader and libraries.
+    let out = Command::new(root.join("lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"))
+        .arg("--inhibit-cache")
+        .arg("--library-path")
+        .arg(root.join("lib/x86_64-linux-gnu"))
+        .arg(root.join("usr/bin/gpuops"))
+        .args(["sim", "fleets"])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out));
+    assert!(common::text(&out).contains("dgx-h100"));
+}
