@@ -958,3 +958,71 @@ fn the_image_is_a_docker_archive_of_the_binary_and_exactly_what_it_links() {
     assert!(out.status.success(), "{}", common::text(&out));
     assert!(common::text(&out).contains("dgx-h100"));
 }
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn on_a_node_without_gpus_the_seeds_daemonset_stays_running_and_says_why() {
+    let bed = Bed::start("l4x4"); // the simulated GPUs are not given to the pod: no NVML in it
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed-nvidia-device-plugin.yaml"),
+    )
+    .unwrap();
+    let mut ds: Value = serde_saphyr::from_str(&text).unwrap();
+    let container = &mut ds["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["env"][0],
+        serde_json::json!({"name": "FAIL_ON_INIT_ERROR", "value": "false"})
+    );
+    container["image"] = Value::from(bed.image_ref.as_str());
+    container["imagePullPolicy"] = Value::from("Never");
+    bed.cluster.apply(&ds.to_string()).unwrap();
+    let logs = || {
+        bed.cluster
+            .kubectl(&[
+                "logs",
+                "-n",
+                "kube-system",
+                "daemonset/nvidia-device-plugin",
+                "--tail=-1",
+            ])
+            .unwrap_or_default()
+    };
+    // Says why, with NVIDIA's hint for a node that is not a GPU node; then retries, still up.
+    bed.wait("the agent to say NVML cannot be loaded", 120, || {
+        logs().contains("FAIL_ON_INIT_ERROR=false")
+    });
+    bed.wait("the agent to retry NVML (still running)", 60, || {
+        logs().contains("NVML still cannot be loaded")
+    });
+    let text = logs();
+    assert!(
+        text.contains("libnvidia-ml.so.1"),
+        "names the library:\n{text}"
+    );
+    assert!(
+        text.contains("nvidia.com/gpu.present"),
+        "hints at deploying only to GPU nodes:\n{text}"
+    );
+    let pods = bed
+        .cluster
+        .get_json(&[
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "name=nvidia-device-plugin",
+        ])
+        .unwrap();
+    let status = &pods["items"][0]["status"];
+    assert_eq!(status["phase"], "Running", "{status}");
+    assert_eq!(
+        status["containerStatuses"][0]["restartCount"], 0,
+        "{status}"
+    );
+    assert_eq!(status["containerStatuses"][0]["ready"], true, "{status}");
+    assert_eq!(
+        bed.allocatable("nvidia.com/gpu"),
+        None,
+        "nothing advertised"
+    );
+}
