@@ -230,8 +230,18 @@ impl Bed {
     fn report(&self) -> String {
         let kubelet = std::fs::read_to_string(self.node.kubelet_log()).unwrap_or_default();
         let tail: Vec<&str> = kubelet.lines().rev().take(25).collect();
+        let pods = self
+            .cluster
+            .kubectl(&["get", "pods", "-A", "-o", "wide"])
+            .unwrap_or_default();
+        let events = self
+            .cluster
+            .kubectl(&["get", "events", "-A", "--sort-by=.lastTimestamp"])
+            .unwrap_or_default();
+        let events: Vec<&str> = events.lines().rev().take(15).collect();
         format!(
-            "agent pod: {}\nagent logs:\n{}\nkubelet log (last lines, newest first):\n{}",
+            "pods:\n{pods}\nevents (newest first):\n{}\nagent pod: {}\nagent logs:\n{}\nkubelet log (last lines, newest first):\n{}",
+            events.join("\n"),
             self.agent_pod()
                 .map(|p| p["status"].to_string())
                 .unwrap_or_else(|| "none".into()),
@@ -448,12 +458,13 @@ fn the_seeds_workflow_runs_on_a_real_node_from_the_chart_and_the_image() {
     let agent = bed.agent_pod().unwrap();
     let pod_ip = agent["status"]["podIP"].as_str().unwrap().to_string();
     let prometheus = Prometheus::start(bed.node.dir(), &format!("{pod_ip}:9400"));
+    // Framebuffer use is per MIG device (DCGM has no GPU_UTIL for MIG instances).
     let query =
-        "DCGM_FI_DEV_GPU_UTIL{pod=\"inference-small\",namespace=\"default\",container=\"model\"}";
+        "DCGM_FI_DEV_FB_USED{pod=\"inference-small\",namespace=\"default\",container=\"model\"}";
     let mut result = Value::Null;
-    bed.wait(
+    let seen = wait_until(
         "Prometheus to see inference-small on a GPU metric",
-        90,
+        Duration::from_secs(90),
         || {
             result = prometheus.query(query);
             result["data"]["result"]
@@ -461,6 +472,14 @@ fn the_seeds_workflow_runs_on_a_real_node_from_the_chart_and_the_image() {
                 .is_some_and(|r| !r.is_empty())
         },
     );
+    if let Err(e) = seen {
+        panic!(
+            "{e}\nlast answer: {result}\ntargets: {}\nseries with a pod label: {}\n{}",
+            prometheus.get("/api/v1/targets"),
+            prometheus.query("count by (__name__, pod) ({pod!=\"\"})"),
+            bed.report()
+        );
+    }
     let series = &result["data"]["result"][0]["metric"];
     assert_eq!(series["GPU_I_PROFILE"], "1g.10gb", "{series}");
     assert_eq!(series["Hostname"], bed.node.name.as_str(), "{series}");
@@ -484,6 +503,16 @@ fn the_seeds_workflow_runs_on_a_real_node_from_the_chart_and_the_image() {
         .container_pid(&agent_uid, "agent")
         .unwrap()
         .expect("the agent container's pid");
+    if let Some(rss) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .map(|v| v.trim().to_string())
+        })
+    {
+        figure("agent process RSS, 8 GPUs x 7 MIG, 1 GPU pod", rss);
+    }
     let t0 = Instant::now();
     let killed = Command::new("kill")
         .args(["-9", &pid.to_string()])
@@ -623,6 +652,10 @@ impl Prometheus {
         }
     }
 
+    fn get(&self, path: &str) -> String {
+        http_get(&self.address, path).unwrap_or_default()
+    }
+
     fn query(&self, q: &str) -> Value {
         let encoded: String = q
             .bytes()
@@ -642,4 +675,354 @@ impl Drop for Prometheus {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_seeds_standalone_device_plugin_daemonset_runs_with_our_image() {
+    let bed = Bed::start("l4x4");
+    // The seed's nvidia-device-plugin.yaml as written (namespace, env vars, privileged, the
+    // device-plugins hostPath), with our image instead of nvcr.io/nvidia/k8s-device-plugin. The
+    // only additions stand in for real GPUs: the simulated driver's state and where it serves.
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed-nvidia-device-plugin.yaml"),
+    )
+    .unwrap();
+    let mut ds: Value = serde_saphyr::from_str(&text).unwrap();
+    let spec = &mut ds["spec"]["template"]["spec"];
+    let seed_env = spec["containers"][0]["env"].clone();
+    spec["containers"][0]["image"] = Value::from(bed.image_ref.as_str());
+    spec["containers"][0]["imagePullPolicy"] = Value::from("Never");
+    spec["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .extend([
+            serde_json::json!({"name": "GPUOPS_NVML_SIM_STATE", "value": "/sim"}),
+            // A simulated node serves its plugin under the sim state unless told (so a demo
+            // touches no system path); here the kubelet's directory, as on a GPU node.
+            serde_json::json!({"name": "DEVICE_PLUGIN_PATH", "value": "/var/lib/kubelet/device-plugins"}),
+        ]);
+    spec["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "sim", "mountPath": "/sim"}));
+    spec["volumes"].as_array_mut().unwrap().push(
+        serde_json::json!({"name": "sim", "hostPath": {"path": bed.sim_state.display().to_string()}}),
+    );
+    assert_eq!(
+        seed_env,
+        serde_json::json!([
+            {"name": "FAIL_ON_INIT_ERROR", "value": "false"},
+            {"name": "DEVICE_SPLIT_COUNT", "value": "1"},
+            {"name": "DEVICE_LIST_STRATEGY", "value": "envvar"},
+        ]),
+        "the seed's env vars, unchanged"
+    );
+    bed.cluster.apply(&ds.to_string()).unwrap();
+    bed.wait("4 nvidia.com/gpu from the seed's DaemonSet", 120, || {
+        bed.allocatable("nvidia.com/gpu").as_deref() == Some("4")
+    });
+    bed.cluster
+        .apply(&bed.workload("one-l4", "nvidia.com/gpu"))
+        .unwrap();
+    bed.wait("the GPU pod Running", 120, || {
+        bed.pod_phase("one-l4") == "Running"
+    });
+    let env = bed.exec("one-l4", &["env"]);
+    let visible = env
+        .lines()
+        .find_map(|l| l.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+        .unwrap_or_else(|| {
+            panic!("no NVIDIA_VISIBLE_DEVICES (DEVICE_LIST_STRATEGY=envvar):\n{env}")
+        });
+    assert!(
+        visible.starts_with("GPU-") && !visible.contains(','),
+        "one whole L4: {visible}"
+    );
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn fifty_mig_pods_get_distinct_devices_and_the_agent_attributes_them_all() {
+    let bed = Bed::start("dgx-h100");
+    bed.install(&[
+        "--set",
+        "migStrategy=mixed",
+        "--set",
+        "mig.defaultConfig=all-1g.10gb",
+    ]);
+    bed.wait("56 nvidia.com/mig-1g.10gb allocatable", 180, || {
+        bed.allocatable("nvidia.com/mig-1g.10gb").as_deref() == Some("56")
+    });
+    bed.wait_agent_ready();
+    let replicas = 50;
+    let t0 = Instant::now();
+    bed.cluster
+        .apply(&format!(
+            r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: inference
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels: {{app: inference}}
+  template:
+    metadata:
+      labels: {{app: inference}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: model
+          image: {image}
+          imagePullPolicy: Never
+          command: ["sleep", "3600"]
+          resources:
+            limits:
+              nvidia.com/mig-1g.10gb: 1
+"#,
+            image = bed.node.images().busybox_ref
+        ))
+        .unwrap();
+    bed.wait("50 MIG pods available", 400, || {
+        bed.cluster
+            .get_json(&["deployment", "inference"])
+            .is_ok_and(|d| d["status"]["availableReplicas"] == replicas)
+    });
+    figure(
+        "50 MIG pods create -> all Running (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    // Through the agent's metrics (from the kubelet's PodResources): every pod on its own device.
+    let agent = bed.agent_pod().unwrap();
+    let pod_ip = agent["status"]["podIP"].as_str().unwrap().to_string();
+    let mut by_device = std::collections::BTreeMap::new();
+    bed.wait("the agent's metrics to name all 50 pods", 60, || {
+        by_device.clear();
+        let text = http_get(&format!("{pod_ip}:9400"), "/metrics").unwrap_or_default();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("DCGM_FI_DEV_FB_USED{") && l.contains("pod=\"inference-"))
+        {
+            let label = |name: &str| {
+                line.split(&format!("{name}=\""))
+                    .nth(1)?
+                    .split('"')
+                    .next()
+                    .map(str::to_string)
+            };
+            if let (Some(uuid), Some(gi), Some(pod)) =
+                (label("UUID"), label("GPU_I_ID"), label("pod"))
+            {
+                by_device.insert((uuid, gi), pod);
+            }
+        }
+        by_device.len() == replicas
+    });
+    let pods: std::collections::BTreeSet<&String> = by_device.values().collect();
+    assert_eq!(pods.len(), replicas, "one device per pod: {by_device:?}");
+    let agent_uid = agent["metadata"]["uid"].as_str().unwrap();
+    let bytes = cgroup_working_set(agent_uid).expect("the agent pod's memory cgroup");
+    figure(
+        "agent pod working set, 8 GPUs x 7 MIG, 50 GPU pods (MiB)",
+        format!("{:.1}", bytes as f64 / 1048576.0),
+    );
+}
+
+#[test]
+#[ignore = "needs Debian's package index for scripts/image (apt-get download): run scripts/test"]
+fn the_image_is_a_docker_archive_of_the_binary_and_exactly_what_it_links() {
+    let (archive, image_ref) = image();
+    let dir = tempfile::tempdir().unwrap();
+    let untar = |file: &Path, into: &Path| {
+        std::fs::create_dir_all(into).unwrap();
+        let ok = Command::new("tar")
+            .arg("-xf")
+            .arg(file)
+            .arg("-C")
+            .arg(into)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "tar -xf {}", file.display());
+    };
+    untar(&archive, dir.path());
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest.as_array().map(Vec::len), Some(1), "{manifest}");
+    assert_eq!(manifest[0]["RepoTags"], serde_json::json!([image_ref]));
+    let config_file = manifest[0]["Config"].as_str().unwrap();
+    let config_text = std::fs::read(dir.path().join(config_file)).unwrap();
+    let config: Value = serde_json::from_slice(&config_text).unwrap();
+    // Content-addressed: the config's name is its sha256, the layer's diff_id the layer's.
+    let sha = |bytes: &[u8]| {
+        use std::io::Write;
+        let mut child = Command::new("sha256sum")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(bytes).unwrap();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout)[..64].to_string()
+    };
+    assert_eq!(format!("{}.json", sha(&config_text)), config_file);
+    let layer = dir.path().join(manifest[0]["Layers"][0].as_str().unwrap());
+    let layer_bytes = std::fs::read(&layer).unwrap();
+    assert_eq!(
+        config["rootfs"]["diff_ids"],
+        serde_json::json!([format!("sha256:{}", sha(&layer_bytes))])
+    );
+    // As NVIDIA's device plugin image: root, the agent; the non-root user for everything else.
+    assert_eq!(config["config"]["User"], "0:0");
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        serde_json::json!(["/usr/bin/gpuops"])
+    );
+    assert_eq!(config["config"]["Cmd"], serde_json::json!(["agent"]));
+    let labels = &config["config"]["Labels"];
+    for key in [
+        "title", "version", "revision", "created", "source", "licenses",
+    ] {
+        assert!(
+            labels[format!("org.opencontainers.image.{key}")].is_string(),
+            "OCI label {key}: {labels}"
+        );
+    }
+    assert_eq!(
+        labels["io.gpuops.version"],
+        format!("gpuops {}", env!("CARGO_PKG_VERSION")).as_str()
+    );
+
+    let root = dir.path().join("rootfs");
+    untar(&layer, &root);
+    let mut files = Vec::new();
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                walk(base, &p, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().display().to_string());
+            }
+        }
+    }
+    walk(&root, &root, &mut files);
+    files.sort();
+    let libs: Vec<&String> = files
+        .iter()
+        .filter(|f| f.starts_with("lib") && !f.starts_with("lib64"))
+        .collect();
+    assert_eq!(
+        libs,
+        [
+            "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            "lib/x86_64-linux-gnu/libc.so.6",
+            "lib/x86_64-linux-gnu/libdl.so.2",
+            "lib/x86_64-linux-gnu/libgcc_s.so.1",
+            "lib/x86_64-linux-gnu/libm.so.6",
+            "lib/x86_64-linux-gnu/libpthread.so.0",
+            "lib/x86_64-linux-gnu/librt.so.1",
+        ],
+        "exactly what gpuops, the simulator and the driver's NVML link"
+    );
+    for wanted in [
+        "usr/bin/gpuops",
+        "usr/bin/kubectl-gpu",
+        "usr/lib/gpuops/libnvml_sim.so",
+        "lib64/ld-linux-x86-64.so.2",
+        "etc/ssl/certs/ca-certificates.crt",
+        "etc/passwd",
+        "usr/share/doc/libc6/copyright",
+    ] {
+        assert!(files.iter().any(|f| f == wanted), "{wanted} in {files:?}");
+    }
+    let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
+    assert!(passwd.contains("nonroot:x:65532:65532:"), "{passwd}");
+    let bundle = std::fs::read_to_string(root.join("etc/ssl/certs/ca-certificates.crt")).unwrap();
+    assert!(
+        bundle.matches("BEGIN CERTIFICATE").count() > 100,
+        "Debian's CA bundle"
+    );
+    // The packed binary runs with only the packed loader and libraries.
+    let out = Command::new(root.join("lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"))
+        .arg("--inhibit-cache")
+        .arg("--library-path")
+        .arg(root.join("lib/x86_64-linux-gnu"))
+        .arg(root.join("usr/bin/gpuops"))
+        .args(["sim", "fleets"])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out));
+    assert!(common::text(&out).contains("dgx-h100"));
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn on_a_node_without_gpus_the_seeds_daemonset_stays_running_and_says_why() {
+    let bed = Bed::start("l4x4"); // the simulated GPUs are not given to the pod: no NVML in it
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed-nvidia-device-plugin.yaml"),
+    )
+    .unwrap();
+    let mut ds: Value = serde_saphyr::from_str(&text).unwrap();
+    let container = &mut ds["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["env"][0],
+        serde_json::json!({"name": "FAIL_ON_INIT_ERROR", "value": "false"})
+    );
+    container["image"] = Value::from(bed.image_ref.as_str());
+    container["imagePullPolicy"] = Value::from("Never");
+    bed.cluster.apply(&ds.to_string()).unwrap();
+    let logs = || {
+        bed.cluster
+            .kubectl(&[
+                "logs",
+                "-n",
+                "kube-system",
+                "daemonset/nvidia-device-plugin",
+                "--tail=-1",
+            ])
+            .unwrap_or_default()
+    };
+    // Says why, with NVIDIA's hint for a node that is not a GPU node; then retries, still up.
+    bed.wait("the agent to say NVML cannot be loaded", 120, || {
+        logs().contains("FAIL_ON_INIT_ERROR=false")
+    });
+    bed.wait("the agent to retry NVML (still running)", 60, || {
+        logs().contains("NVML still cannot be loaded")
+    });
+    let text = logs();
+    assert!(
+        text.contains("libnvidia-ml.so.1"),
+        "names the library:\n{text}"
+    );
+    assert!(
+        text.contains("nvidia.com/gpu.present"),
+        "hints at deploying only to GPU nodes:\n{text}"
+    );
+    let pods = bed
+        .cluster
+        .get_json(&[
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "name=nvidia-device-plugin",
+        ])
+        .unwrap();
+    let status = &pods["items"][0]["status"];
+    assert_eq!(status["phase"], "Running", "{status}");
+    assert_eq!(
+        status["containerStatuses"][0]["restartCount"], 0,
+        "{status}"
+    );
+    assert_eq!(status["containerStatuses"][0]["ready"], true, "{status}");
+    assert_eq!(
+        bed.allocatable("nvidia.com/gpu"),
+        None,
+        "nothing advertised"
+    );
 }

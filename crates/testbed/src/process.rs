@@ -25,7 +25,10 @@ pub struct Managed {
 /// The process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with the pid
 /// it names one process even after the pid is reused.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
     // The command name (field 2) is in parentheses and may hold spaces: count after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(19)?.parse().ok()
@@ -34,8 +37,11 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// Records `pid` in the run directory (when there is one): a file named after the pid holding
 /// `<start time> <what>`. Returns the file, to remove once the process is gone.
 pub fn record(pid: u32, what: &str) -> Option<PathBuf> {
-    let dir = PathBuf::from(std::env::var_os(RUN_DIR_ENV)?);
-    std::fs::create_dir_all(&dir).ok()?;
+    record_in(&PathBuf::from(std::env::var_os(RUN_DIR_ENV)?), pid, what)
+}
+
+fn record_in(dir: &Path, pid: u32, what: &str) -> Option<PathBuf> {
+    std::fs::create_dir_all(dir).ok()?;
     let file = dir.join(format!("pid-{pid}"));
     let line = format!(
         "{} {}\n",
@@ -149,5 +155,31 @@ impl Managed {
 impl Drop for Managed {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_start_time_is_field_22_even_when_the_command_name_has_spaces_and_parens() {
+        let stat = "4242 (a (weird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(stat), Some(987654));
+        assert_eq!(parse_start_time("4242 (truncated"), None);
+        assert_eq!(parse_start_time("4242 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn a_record_names_the_process_by_pid_and_start_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        let file = record_in(dir.path(), pid, "kube-apiserver\nsecond line").unwrap();
+        assert_eq!(file, dir.path().join(format!("pid-{pid}")));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let own = start_time(pid).unwrap();
+        assert!(own > 0);
+        assert_eq!(text, format!("{own} kube-apiserver second line\n"));
     }
 }

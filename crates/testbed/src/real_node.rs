@@ -126,6 +126,8 @@ impl RealNode {
         }
         node.write_configs(&root)?;
         node.start_containerd(&bin, &root)?;
+        // Now with the mount namespace, whose processes (the shims) scripts/test would stop.
+        node.record = record_node(&node);
         let mut archives = vec![node.images.pause.clone(), node.images.busybox.clone()];
         archives.extend(options.images.iter().cloned());
         for archive in &archives {
@@ -703,11 +705,20 @@ fn restore_sysctls(saved: &[(String, String)]) {
     }
 }
 
-/// A record for scripts/test: if this process dies without dropping the node, the script
-/// restores the sysctls and deletes the bridge (see process::record).
+/// A record for scripts/test: if this process dies without dropping the node, the script kills
+/// what runs in its mount namespace and its kubepods cgroups, restores the sysctls, deletes the
+/// bridge and the mount points it created (see process::record).
 fn record_node(node: &RealNode) -> Option<PathBuf> {
     let file = record(std::process::id(), "real node")?;
     let mut text = format!("bridge {}\n", node.bridge);
+    if let Some(ns) = &node.mount_ns {
+        text.push_str(&format!("mntns {ns}\n"));
+    }
+    for dir in &node.created_dirs {
+        text.push_str(&format!("dir {}\n", dir.display()));
+    }
+    // containerd's content and snapshots: hundreds of MB once images are imported.
+    text.push_str(&format!("tree {}\n", node.dir.path().display()));
     for (k, v) in &node.sysctls {
         text.push_str(&format!("sysctl {} {v}\n", k.replace('/', ".")));
     }
