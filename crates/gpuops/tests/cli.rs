@@ -138,11 +138,21 @@ impl Agent {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start agent");
+        // The banner is on stdout, the agent's events (tracing) on stderr: read both.
         let out = child.stdout.take().unwrap();
+        let err = child.stderr.take().unwrap();
         let (tx, lines) = mpsc::channel();
+        let tx_err = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx_err.send(line).is_err() {
                     break;
                 }
             }
@@ -528,4 +538,147 @@ fn nvidia_flags_win_over_env_vars_which_win_over_the_config_file() {
         "{}",
         stderr(&o)
     );
+}
+
+/// `GET path` on `address`, as (status line and headers, body).
+fn http_get(address: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head.to_string(), body.to_string())
+}
+
+#[test]
+fn a_hung_api_server_delays_neither_xid_health_nor_metrics_nor_shutdown() {
+    // An API server that accepts connections and never answers a byte.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = hung.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in hung.incoming() {
+            held.push(stream);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: hung\n  cluster:\n    server: http://{api}\ncontexts:\n- name: hung\n  context:\n    cluster: hung\n    user: u\nusers:\n- name: u\n  user: {{}}\ncurrent-context: hung\n"
+        ),
+    )
+    .unwrap();
+    let state = dir.path().join("sim");
+    let plugins = dir.path().join("plugins");
+    let mut agent = Agent::start(&[
+        "agent",
+        "--simulate",
+        "dgx-h100",
+        "--sim-state",
+        state.to_str().unwrap(),
+        "--interval",
+        "300ms",
+        "--kubernetes",
+        "--taint-unhealthy",
+        "--node-name",
+        "gpu-node-1",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--device-plugin-dir",
+        plugins.to_str().unwrap(),
+    ]);
+    let address = agent
+        .wait_for("metrics        http://")
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap()
+        .to_string();
+    agent.wait_for("watching 8 GPUs");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut stream = runtime.block_on(async {
+        use gpuops_kubelet_api::deviceplugin::v1beta1::{
+            Empty, device_plugin_client::DevicePluginClient,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let channel = loop {
+            match gpuops_kubelet_api::unix::connect(&plugins.join("nvidia-gpu.sock")).await {
+                Ok(c) => break c,
+                Err(e) => assert!(Instant::now() < deadline, "no plugin socket: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        DevicePluginClient::new(channel)
+            .list_and_watch(Empty {})
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let o = run(&[
+        "sim",
+        "xid",
+        "--gpu",
+        "3",
+        "--xid",
+        "48",
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    agent.wait_for("XID 48 on GPU 3");
+    runtime.block_on(async {
+        let wait = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(message) = stream.message().await.unwrap() {
+                let unhealthy = message
+                    .devices
+                    .iter()
+                    .filter(|d| d.health == "Unhealthy")
+                    .count();
+                if unhealthy == 1 {
+                    return;
+                }
+            }
+            panic!("ListAndWatch ended");
+        });
+        wait.await
+            .expect("GPU 3 never turned Unhealthy on ListAndWatch while the API server hangs");
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = http_get(&address, "/metrics");
+        let unhealthy_gpu3 = body.lines().any(|l| {
+            l.starts_with("gpuops_device_healthy{") && l.contains("gpu=\"3\"") && l.ends_with(" 0")
+        });
+        if unhealthy_gpu3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never showed GPU 3 unhealthy:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (head, _) = http_get(&address, "/healthz");
+    assert!(head.contains(" 200"), "{head}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &agent.child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Some(status) = agent.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not exit within 2 s of SIGTERM while the API server hangs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -294,6 +294,132 @@ fn feature_labels_follow_gfd_and_a_fatal_xid_sets_the_condition_and_taint_until_
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
 }
 
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn what_others_remove_comes_back_the_transition_time_survives_restarts_and_health_is_data() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    let node = HarnessNode::start(&cluster, "gpu-node").unwrap();
+    let state = cluster.dir().join("sim");
+    let state_s = state.to_str().unwrap().to_string();
+    let o = common::run(&["sim", "init", "--fleet", "l4x4", "--state", &state_s]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let args = [
+        "--sim-state",
+        &state_s,
+        "--taint-unhealthy",
+        "--node-resync",
+        "3s",
+    ];
+    let mut agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent-1.log"),
+        &args,
+        &[],
+    );
+    wait_until("labels and the condition", Duration::from_secs(60), || {
+        labels(&cluster, "gpu-node").contains_key("nvidia.com/gpu.product")
+            && condition(&cluster, "gpu-node").is_some_and(|c| c["status"] == "True")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let first = condition(&cluster, "gpu-node").unwrap();
+    let since = first["lastTransitionTime"].clone();
+
+    // The heartbeat moves on every resync; the transition time stays.
+    wait_until("a newer heartbeat", Duration::from_secs(20), || {
+        condition(&cluster, "gpu-node")
+            .is_some_and(|c| c["lastHeartbeatTime"] != first["lastHeartbeatTime"])
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    assert_eq!(
+        condition(&cluster, "gpu-node").unwrap()["lastTransitionTime"],
+        since
+    );
+
+    // A restarted agent with the same status keeps it too.
+    drop(agent);
+    let beat = condition(&cluster, "gpu-node").unwrap()["lastHeartbeatTime"].clone();
+    agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent-2.log"),
+        &args,
+        &[],
+    );
+    wait_until("the new agent's heartbeat", Duration::from_secs(30), || {
+        condition(&cluster, "gpu-node").is_some_and(|c| c["lastHeartbeatTime"] != beat)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    assert_eq!(
+        condition(&cluster, "gpu-node").unwrap()["lastTransitionTime"],
+        since,
+        "the status did not change: neither should its transition time"
+    );
+
+    // Someone removes a label and rewrites the condition: both come back within a resync.
+    cluster
+        .kubectl(&["label", "node", "gpu-node", "nvidia.com/gpu.product-"])
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "patch",
+            "node",
+            "gpu-node",
+            "--subresource=status",
+            "-p",
+            r#"{"status":{"conditions":[{"type":"GPUHealthy","status":"Unknown","reason":"Tampered","message":"x"}]}}"#,
+        ])
+        .unwrap();
+    wait_until(
+        "the label and condition restored",
+        Duration::from_secs(20),
+        || {
+            labels(&cluster, "gpu-node")
+                .get("nvidia.com/gpu.product")
+                .map(String::as_str)
+                == Some("NVIDIA-L4")
+                && condition(&cluster, "gpu-node").is_some_and(|c| c["status"] == "True")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+
+    // A fatal XID: taint, condition and the structured annotation say the same.
+    let o = common::run(&[
+        "sim", "xid", "--state", &state_s, "--gpu", "2", "--xid", "79",
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let report = || {
+        node_json(&cluster, "gpu-node")["metadata"]["annotations"]
+            [gpuops_labels::GPU_HEALTH_ANNOTATION]
+            .as_str()
+            .map(|a| gpuops_labels::HealthReport::from_annotation(a).unwrap())
+    };
+    wait_until(
+        "the taint and the annotation",
+        Duration::from_secs(30),
+        || {
+            taints(&cluster, "gpu-node")
+                .contains(&"gpuops.io/gpu-unhealthy=XidError:NoSchedule".to_string())
+                && report().is_some_and(|r| !r.problems.is_empty())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let problem = report().unwrap().problems[0].clone();
+    assert_eq!(problem.gpu_index, Some(2), "{problem:?}");
+    assert_eq!(problem.kind, gpuops_labels::ProblemKind::Xid { xid: 79 });
+
+    // The taint removed by hand comes back while the GPU is still unhealthy.
+    cluster
+        .kubectl(&["taint", "nodes", "gpu-node", "gpuops.io/gpu-unhealthy-"])
+        .unwrap();
+    wait_until("the taint restored", Duration::from_secs(20), || {
+        taints(&cluster, "gpu-node")
+            .contains(&"gpuops.io/gpu-unhealthy=XidError:NoSchedule".to_string())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    drop(agent);
+}
+
 const MIG_CONFIGS: &str = "version: v1
 mig-configs:
   all-disabled:
@@ -342,6 +468,8 @@ fn the_mig_label_flow_applies_configs_survives_bad_ones_busy_gpus_and_a_crash() 
         "4s",
         "--mig-retry",
         "2s",
+        "--node-resync",
+        "3s",
     ];
     let env = [("MIG_STRATEGY", "mixed")];
     let mut agent = Agent::start(
@@ -376,6 +504,21 @@ fn the_mig_label_flow_applies_configs_survives_bad_ones_busy_gpus_and_a_crash() 
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
     assert_eq!(allocatable(&cluster, "mig-node", "nvidia.com/gpu"), 0);
+    // A state label overwritten by someone else (or a write that failed) is put right from what
+    // the flow knows, not left as it is.
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            "mig-node",
+            "--overwrite",
+            "nvidia.com/mig.config.state=pending",
+        ])
+        .unwrap();
+    wait_until("the state label repaired", Duration::from_secs(20), || {
+        state_label().as_deref() == Some("success")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
     let events = node_events(&cluster, "mig-node");
     assert!(
         events.iter().any(|e| e.starts_with("MIGConfigPending:")),

@@ -254,12 +254,12 @@ mod tests {
         };
         let other = taint("dedicated", "ml");
         assert!(taint_agrees(
-            &[other.clone()],
+            std::slice::from_ref(&other),
             "gpuops.io/gpu-unhealthy",
             None
         ));
         assert!(!taint_agrees(
-            &[other.clone()],
+            std::slice::from_ref(&other),
             "gpuops.io/gpu-unhealthy",
             Some(&wanted)
         ));
@@ -269,7 +269,11 @@ mod tests {
             &wanted.key,
             Some(&wanted)
         ));
-        assert!(!taint_agrees(&[ours.clone()], &wanted.key, None));
+        assert!(!taint_agrees(
+            std::slice::from_ref(&ours),
+            &wanted.key,
+            None
+        ));
         let stale = taint("gpuops.io/gpu-unhealthy", "GpuLost");
         assert!(!taint_agrees(&[stale], &wanted.key, Some(&wanted)));
     }
