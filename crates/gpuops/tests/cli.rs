@@ -682,3 +682,36 @@ fn a_hung_api_server_delays_neither_xid_health_nor_metrics_nor_shutdown() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn log_format_json_gives_one_object_per_event_with_its_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap().to_string();
+    let mut agent = Agent::start(&[
+        "agent",
+        "--simulate",
+        "l4x4",
+        "--sim-state",
+        &state,
+        "--interval",
+        "300ms",
+        "--log-format",
+        "json",
+    ]);
+    agent.wait_for("watching 4 GPUs");
+    let o = run(&["sim", "xid", "--gpu", "2", "--xid", "79", "--state", &state]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = agent.wait_for("XID 79 on GPU 2");
+    let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(event["level"], "WARN", "{line}");
+    assert_eq!(event["fields"]["gpu"], 2, "{line}");
+    assert_eq!(event["fields"]["xid"], 79, "{line}");
+    assert!(
+        event["fields"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("fallen off the bus"),
+        "{line}"
+    );
+    assert!(agent.terminate().success());
+}

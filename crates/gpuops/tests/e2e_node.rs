@@ -165,13 +165,14 @@ fn feature_labels_follow_gfd_and_a_fatal_xid_sets_the_condition_and_taint_until_
     let o = common::run(&["sim", "init", "--fleet", "l4x4", "--state", &state_s]);
     assert!(o.status.success(), "{}", common::text(&o));
 
-    // First with MIG_STRATEGY=single: GFD then writes nvidia.com/mig.strategy.
+    // First with MIG_STRATEGY=single: GFD then writes nvidia.com/mig.strategy. Labels alongside
+    // NVIDIA's device plugin (--no-device-plugin) take the strategy from the same config.
     let log1 = cluster.dir().join("agent-1.log");
     let mut agent = Agent::start(
         &cluster,
         &node,
         &log1,
-        &["--sim-state", &state_s],
+        &["--sim-state", &state_s, "--no-device-plugin"],
         &[("MIG_STRATEGY", "single")],
     );
     wait_until("feature labels", Duration::from_secs(60), || {
