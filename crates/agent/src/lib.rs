@@ -30,6 +30,7 @@ pub use mig::{FlowConfig, REASON_ANNOTATION, SINCE_ANNOTATION, STATE_LABEL};
 pub use named::{LABEL as DEVICE_PLUGIN_CONFIG_LABEL, NamedConfigs, load_dir};
 pub use node::{FEATURE_MANAGER, HEALTH_MANAGER, MIG_MANAGER, NodeOptions};
 pub use podresources::{MAX_MESSAGE_BYTES as POD_RESOURCES_MAX_MESSAGE_BYTES, list_pod_resources};
+pub use snapshot::open_first as open_nvml;
 pub use xid::describe_event;
 
 use gpuops_inventory::Inventory;
@@ -49,8 +50,6 @@ pub enum AgentError {
     Kube(#[from] gpuops_kube::KubeError),
     #[error("device plugin config: {0}")]
     Config(String),
-    #[error("starting the XID watcher: {0}")]
-    XidThread(std::io::Error),
 }
 
 /// Everything the agent does, as configured (the binary fills it from flags and env vars).
@@ -71,6 +70,8 @@ pub struct AgentConfig {
     pub host_devices: gpuops_resources::HostDevices,
     pub metrics: Option<MetricsConfig>,
     pub kube: Option<KubeConfig>,
+    /// Where to look for NVML while it is not loaded, in order.
+    pub nvml_libraries: Vec<gpuops_nvml::Library>,
 }
 
 /// The exporter.
@@ -102,6 +103,9 @@ pub struct NodeState {
     pub collection: Option<Instant>,
     /// NVML reads that failed since start.
     pub nvml_errors: u64,
+    /// False while NVML could not be loaded (FAIL_ON_INIT_ERROR=false): nothing is advertised
+    /// or written on the node, the agent serves only its own health and metrics.
+    pub nvml_loaded: bool,
 }
 
 /// The liveness and readiness the agent reports (`/healthz` and `/readyz` on the metrics port).
@@ -129,7 +133,7 @@ impl Probes {
 
 /// A configured agent on opened GPUs.
 pub struct Agent {
-    gpus: Arc<Gpus>,
+    gpus: Option<Arc<Gpus>>,
     first: Inventory,
     config: AgentConfig,
     probes: Probes,
@@ -139,10 +143,12 @@ pub struct Agent {
 const DRAIN: Duration = Duration::from_millis(1500);
 
 impl Agent {
-    /// `first` is the snapshot the binary already printed.
-    pub fn new(gpus: Gpus, first: Inventory, config: AgentConfig) -> Agent {
+    /// `first` is the snapshot the binary already printed. `gpus` is `None` when NVML could
+    /// not be loaded and FAIL_ON_INIT_ERROR is false: the agent then retries
+    /// [`AgentConfig::nvml_libraries`] with backoff.
+    pub fn new(gpus: Option<Gpus>, first: Inventory, config: AgentConfig) -> Agent {
         Agent {
-            gpus: Arc::new(gpus),
+            gpus: gpus.map(Arc::new),
             first,
             probes: Probes {
                 last_loop_ms: Arc::new(std::sync::atomic::AtomicU64::new(now_ms())),
@@ -174,6 +180,7 @@ impl Agent {
             xids: XidCounters::default(),
             collection: Some(Instant::now()),
             nvml_errors: 0,
+            nvml_loaded: gpus.is_some(),
         };
         let (state_tx, state_rx) = watch::channel(Arc::new(first_state));
         let (node_tx, node_rx) = watch::channel(None);
@@ -280,24 +287,16 @@ impl Agent {
             &state_rx.borrow().inventory,
         )));
         let stop_xids = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let xid_thread = {
-            let (gpus, healthy, stop) = (
-                Arc::clone(&gpus),
-                Arc::clone(&healthy),
-                Arc::clone(&stop_xids),
-            );
-            std::thread::Builder::new()
-                .name("xid-watch".into())
-                .spawn(move || xid::watch(&gpus, &healthy, &stop, &reports_tx))
-                .map_err(AgentError::XidThread)?
-        };
         probes
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(interval = ?config.interval, "re-reading the GPUs every {:?}", config.interval);
-        snapshot::run(
+        let xid_thread = snapshot::run(
             snapshot::Loop {
                 gpus,
+                libraries: config.nvml_libraries,
+                reports_tx,
+                stop_xids: Arc::clone(&stop_xids),
                 interval: config.interval,
                 timeout: config.snapshot_timeout,
                 policy: config.health_policy,
@@ -325,8 +324,10 @@ impl Agent {
             }
         }
         // The watcher wakes at least every 500 ms; joining it releases NVML cleanly.
-        let joined = tokio::task::spawn_blocking(move || xid_thread.join());
-        let _ = tokio::time::timeout(Duration::from_secs(1), joined).await;
+        if let Some(thread) = xid_thread {
+            let joined = tokio::task::spawn_blocking(move || thread.join());
+            let _ = tokio::time::timeout(Duration::from_secs(1), joined).await;
+        }
         Ok(())
     }
 }

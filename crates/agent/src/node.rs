@@ -161,6 +161,11 @@ impl Reconciler {
         config: &Config,
         mig: Option<&MigReport>,
     ) -> Result<(), KubeError> {
+        // A node whose driver cannot be loaded (a CPU node under a DaemonSet without a
+        // nodeSelector) is not a GPU node: nothing to say about it.
+        if !state.nvml_loaded {
+            return Ok(());
+        }
         let inv = &state.inventory;
         if self.opts.feature_labels {
             let ctx = gpuops_labels::LabelContext {

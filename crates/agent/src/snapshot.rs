@@ -6,18 +6,24 @@
 use crate::changes::changes;
 use crate::xid::{Report, describe_event};
 use crate::{NodeState, now_ms};
+use backon::BackoffBuilder;
 use gpuops_inventory::Inventory;
-use gpuops_nvml::{GpuEvent, Gpus, NvmlError, Scope};
+use gpuops_nvml::{GpuEvent, Gpus, Library, NvmlError, Scope};
 use gpuops_resources::health::HealthPolicy;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub(crate) struct Loop {
-    pub gpus: Arc<Gpus>,
+    /// `None` while NVML could not be loaded (FAIL_ON_INIT_ERROR=false): retried with backoff.
+    pub gpus: Option<Arc<Gpus>>,
+    /// Where to look for NVML while it is not loaded, in order.
+    pub libraries: Vec<Library>,
+    pub reports_tx: mpsc::Sender<Report>,
+    pub stop_xids: Arc<AtomicBool>,
     pub interval: Duration,
     pub timeout: Duration,
     pub policy: HealthPolicy,
@@ -27,16 +33,74 @@ pub(crate) struct Loop {
 }
 
 type Snapshot = JoinHandle<Result<Inventory, NvmlError>>;
+type Opening = JoinHandle<Result<Gpus, String>>;
 
-/// Runs until `shutdown` resolves.
+/// Starts the XID thread on `gpus`.
+fn start_xids(l: &Loop, gpus: &Arc<Gpus>) -> Option<std::thread::JoinHandle<()>> {
+    let (gpus, healthy, stop, tx) = (
+        Arc::clone(gpus),
+        Arc::clone(&l.healthy),
+        Arc::clone(&l.stop_xids),
+        l.reports_tx.clone(),
+    );
+    match std::thread::Builder::new()
+        .name("xid-watch".into())
+        .spawn(move || crate::xid::watch(&gpus, &healthy, &stop, &tx))
+    {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the XID watcher: {e}; XIDs are not watched");
+            None
+        }
+    }
+}
+
+/// Tries each library in turn (paths that do not exist are skipped); the error names them all.
+pub fn open_first(libraries: &[Library]) -> Result<Gpus, String> {
+    let mut errors = Vec::new();
+    let mut missing = Vec::new();
+    for library in libraries {
+        // With several places to look, the absent ones are only listed; a single one says why.
+        if let Library::Path(path) = library
+            && libraries.len() > 1
+            && !path.exists()
+        {
+            missing.push(path.display().to_string());
+            continue;
+        }
+        match Gpus::open(library.clone()) {
+            Ok(g) => return Ok(g),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    if !missing.is_empty() {
+        errors.insert(0, format!("no NVML library at {}", missing.join(", ")));
+    }
+    Err(errors.join("; "))
+}
+
+/// Runs until `shutdown` resolves; returns the XID thread to join.
 pub(crate) async fn run(
-    l: Loop,
+    mut l: Loop,
     state_tx: watch::Sender<Arc<NodeState>>,
     mut busy: watch::Receiver<bool>,
     mut reports: mpsc::Receiver<Report>,
     shutdown: impl Future<Output = ()>,
-) {
+) -> Option<std::thread::JoinHandle<()>> {
     tokio::pin!(shutdown);
+    let mut xid_thread = l.gpus.clone().and_then(|g| start_xids(&l, &g));
+    let open_backoff = || {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_secs(1))
+            .with_max_delay(Duration::from_secs(300))
+            .with_jitter()
+            .without_max_times()
+            .build()
+    };
+    let mut open_delays = open_backoff();
+    let mut open_at = tokio::time::Instant::now() + open_delays.next().unwrap_or(l.interval);
+    let mut opening: Option<Opening> = None;
+    let mut open_error: Option<String> = None;
     let mut state: NodeState = (**state_tx.borrow()).clone();
     let mut ticker = tokio::time::interval(l.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -56,10 +120,40 @@ pub(crate) async fn run(
                     ticker.reset_immediately();
                 }
             }
-            _ = ticker.tick(), if in_flight.is_none() => {
-                let g = Arc::clone(&l.gpus);
-                let task = tokio::task::spawn_blocking(move || g.snapshot_with(Scope::Live));
-                in_flight = Some((task, Instant::now(), false));
+            _ = ticker.tick(), if in_flight.is_none() && l.gpus.is_some() => {
+                if let Some(g) = l.gpus.clone() {
+                    let task = tokio::task::spawn_blocking(move || g.snapshot_with(Scope::Live));
+                    in_flight = Some((task, Instant::now(), false));
+                }
+            }
+            () = tokio::time::sleep_until(open_at), if l.gpus.is_none() && opening.is_none() => {
+                let libraries = l.libraries.clone();
+                opening = Some(tokio::task::spawn_blocking(move || open_first(&libraries)));
+            }
+            opened = join_open(&mut opening), if opening.is_some() => {
+                opening = None;
+                match opened {
+                    Ok(Ok(g)) => {
+                        tracing::info!(library = %g.library().describe(), "NVML loaded from {}: reading the GPUs", g.library().describe());
+                        let g = Arc::new(g);
+                        xid_thread = start_xids(&l, &g);
+                        l.gpus = Some(g);
+                        state.nvml_loaded = true;
+                        ticker.reset_immediately();
+                    }
+                    Ok(Err(e)) => {
+                        let wait = open_delays.next().unwrap_or(Duration::from_secs(300));
+                        if open_error.as_deref() != Some(e.as_str()) {
+                            tracing::warn!(error = %e, retry_in = ?wait, "NVML still cannot be loaded: {e}; retrying with backoff");
+                            open_error = Some(e);
+                        }
+                        open_at = tokio::time::Instant::now() + wait;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "loading NVML failed: {e}");
+                        open_at = tokio::time::Instant::now() + open_delays.next().unwrap_or(Duration::from_secs(300));
+                    }
+                }
             }
             () = sleep_until(late_at), if in_flight.as_ref().is_some_and(|(_, _, told)| !told) => {
                 if let Some((_, started, told)) = in_flight.as_mut() {
@@ -121,11 +215,21 @@ pub(crate) async fn run(
             },
         }
     }
+    xid_thread
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn join_open(
+    opening: &mut Option<Opening>,
+) -> Result<Result<Gpus, String>, tokio::task::JoinError> {
+    match opening {
+        Some(task) => task.await,
         None => std::future::pending().await,
     }
 }

@@ -184,6 +184,15 @@ impl Agent {
         );
     }
 
+    /// Like [`Agent::wait_for`], but a line already read counts too: stdout and stderr are read
+    /// on two threads, so a line of one may have been read while waiting on the other.
+    fn saw_or_wait(&mut self, needle: &str) -> String {
+        match self.seen.iter().find(|l| l.contains(needle)) {
+            Some(line) => line.clone(),
+            None => self.wait_for(needle),
+        }
+    }
+
     fn terminate(mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
@@ -713,5 +722,95 @@ fn log_format_json_gives_one_object_per_event_with_its_fields() {
             .contains("fallen off the bus"),
         "{line}"
     );
+    assert!(agent.terminate().success());
+}
+
+/// The simulated driver cargo built next to the binary.
+fn sim_library() -> std::path::PathBuf {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpuops"));
+    let dir = bin.parent().unwrap();
+    [dir.join("libnvml_sim.so"), dir.join("deps/libnvml_sim.so")]
+        .into_iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().modified().unwrap())
+        .expect("libnvml_sim.so next to the binary")
+}
+
+#[test]
+fn without_nvml_fail_on_init_error_false_keeps_the_agent_up_until_the_driver_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let o = run(&[
+        "sim",
+        "init",
+        "--fleet",
+        "l4x4",
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let library = dir.path().join("driver/usr/lib64/libnvidia-ml.so.1");
+    let plugins = dir.path().join("plugins");
+    let args = [
+        "agent",
+        "--sim-state",
+        state.to_str().unwrap(),
+        "--nvml-lib",
+        library.to_str().unwrap(),
+        "--interval",
+        "300ms",
+        "--device-plugin-dir",
+        plugins.to_str().unwrap(),
+    ];
+    // NVIDIA's default (FAIL_ON_INIT_ERROR=true): a clear failure with the hints.
+    let o = gpuops().args(args).output().unwrap();
+    assert!(!o.status.success());
+    let text = stderr(&o);
+    assert!(
+        text.contains(library.to_str().unwrap()) && text.contains("FAIL_ON_INIT_ERROR=false"),
+        "{text}"
+    );
+
+    let mut cmd = gpuops();
+    cmd.args(args).env("FAIL_ON_INIT_ERROR", "false");
+    let mut agent = Agent::spawn(&mut cmd);
+    let address = agent
+        .wait_for("metrics        http://")
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap()
+        .to_string();
+    let line = agent.saw_or_wait("cannot load NVML");
+    assert!(
+        line.contains("not a GPU node") && line.contains(library.to_str().unwrap()),
+        "{line}"
+    );
+    let (head, _) = http_get(&address, "/healthz");
+    assert!(head.contains(" 200"), "{head}");
+    let (head, body) = http_get(&address, "/metrics");
+    assert!(head.contains(" 200"), "{head}");
+    assert!(body.contains("gpuops_collections_total"), "{body}");
+    assert!(!body.contains("DCGM_FI_DEV_GPU_TEMP{"), "{body}");
+    let sockets = |d: &std::path::Path| {
+        std::fs::read_dir(d)
+            .map(|e| e.filter_map(Result::ok).count())
+            .unwrap_or(0)
+    };
+    assert_eq!(sockets(&plugins), 0, "advertised devices without NVML");
+
+    // The driver appears (a driver container finished installing): picked up by the retries.
+    std::fs::create_dir_all(library.parent().unwrap()).unwrap();
+    std::fs::copy(sim_library(), &library).unwrap();
+    agent.wait_for("NVML loaded from");
+    agent.wait_for("watching 4 GPUs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !plugins.join("nvidia-gpu.sock").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no device plugin socket after NVML loaded"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(agent.terminate().success());
 }

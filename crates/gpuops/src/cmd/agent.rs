@@ -285,13 +285,64 @@ fn node_name(given: Option<String>) -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// What NVIDIA's device plugin says when NVML cannot be loaded, for the same situations.
+const NVML_HINTS: &str = "if this is a GPU node, is the NVIDIA driver installed and the container \
+    runtime set up to expose it (the nvidia runtime, or CDI)? If the driver is in a container, set \
+    --nvidia-driver-root / CONTAINER_DRIVER_ROOT. If this is not a GPU node, deploy the agent only \
+    to GPU nodes (a nodeSelector or affinity on nvidia.com/gpu.present)";
+
 pub fn run(args: Args) -> Result<ExitCode> {
-    // Opening may set the simulator's environment: do it before the runtime starts threads.
-    let opened = gpu_source::open(&args.gpus)?;
+    // Preparing may set the simulator's environment: do it before the runtime starts threads.
+    let (library, simulation) = gpu_source::prepare(&args.gpus)?;
+    let source = ConfigSource {
+        file: args.config_file.clone(),
+        named: args
+            .config_dir
+            .as_ref()
+            .map(|dir| gpuops_agent::load_dir(dir))
+            .transpose()?,
+        flags: args.nvidia.overrides()?,
+        env: gpuops_resources::config::Overrides::from_env(std::env::vars())?,
+    };
+    let config = source.resolve(None).map_err(anyhow::Error::msg)?;
+    let libraries = match (&library, &simulation) {
+        (gpuops_nvml::Library::System, None) => gpu_source::driver_libraries(&[
+            config
+                .flags
+                .plugin
+                .container_driver_root
+                .as_deref()
+                .unwrap_or_default(),
+            config.nvidia_driver_root(),
+        ]),
+        _ => vec![library.clone()],
+    };
+    let gpus = match gpuops_agent::open_nvml(&libraries) {
+        Ok(g) => Some(g),
+        Err(e) if !config.fail_on_init_error() && !args.once => {
+            tracing::error!(
+                error = %e,
+                "cannot load NVML; {NVML_HINTS}. FAIL_ON_INIT_ERROR=false: advertising nothing, serving the agent's own health and metrics, retrying with backoff"
+            );
+            None
+        }
+        Err(e) => anyhow::bail!(
+            "{e}. {NVML_HINTS}; or set FAIL_ON_INIT_ERROR=false to keep the agent up without GPUs"
+        ),
+    };
     let node = node_name(args.node_name.clone());
-    let first = opened.gpus.snapshot().context("reading the GPUs")?;
+    let first = match &gpus {
+        Some(g) => g.snapshot().context("reading the GPUs")?,
+        None => gpuops_inventory::Inventory::default(),
+    };
     println!("gpuops agent {} on node {node}", env!("CARGO_PKG_VERSION"));
-    println!("GPUs from {}\n", opened.describe());
+    match &gpus {
+        Some(g) => println!(
+            "GPUs from {}\n",
+            gpu_source::describe(g.library(), simulation.as_ref())
+        ),
+        None => println!("GPUs from: none yet (NVML not loaded; retrying)\n"),
+    }
     print!("{}", output::inventory_tables(&first));
     println!("\nEndpoints:");
     let metrics_listener = if args.no_metrics {
@@ -317,8 +368,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Some(listener)
     };
     let pod_socket = args.pod_resources_socket.clone().or_else(|| {
-        opened
-            .simulation
+        simulation
             .is_none()
             .then(|| PathBuf::from(gpuops_kubelet_api::POD_RESOURCES_SOCKET))
     });
@@ -336,23 +386,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let plugin_dir = args
         .device_plugin_dir
         .clone()
-        .unwrap_or_else(|| match &opened.simulation {
+        .unwrap_or_else(|| match &simulation {
             Some(sim) => sim.state_dir.join("device-plugins"),
             None => PathBuf::from(KUBELET_DEVICE_PLUGIN_DIR),
         });
-    let source = ConfigSource {
-        file: args.config_file.clone(),
-        named: args
-            .config_dir
-            .as_ref()
-            .map(|dir| gpuops_agent::load_dir(dir))
-            .transpose()?,
-        flags: args.nvidia.overrides()?,
-        env: gpuops_resources::config::Overrides::from_env(std::env::vars())?,
-    };
-    let config = source.resolve(None).map_err(anyhow::Error::msg)?;
     // A simulated node has no device nodes to probe: it gets NVIDIA's full layout.
-    let host_devices = match &opened.simulation {
+    let host_devices = match &simulation {
         Some(_) => gpuops_resources::HostDevices::default(),
         None => gpuops_deviceplugin::probe_host(
             std::path::Path::new(config.nvidia_dev_root()),
@@ -395,14 +434,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if args.once {
         return Ok(ExitCode::SUCCESS);
     }
-    if let Some(sim) = &opened.simulation {
+    if let Some(sim) = &simulation {
         println!(
             "\nInject faults from another shell, e.g.:\n  gpuops sim xid --state {} --gpu 0 --xid 48\n  gpuops sim lost --state {} --gpu 1",
             sim.state_dir.display(),
             sim.state_dir.display()
         );
     }
-    let kube = kube_config(&args, &opened, pod_socket.clone())?;
+    let kube = kube_config(&args, simulation.as_ref(), pod_socket.clone())?;
     let metrics = metrics_listener.map(|listener| MetricsConfig {
         hostname_label: args.hostname_label,
         pod_socket,
@@ -418,21 +457,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
         host_devices,
         metrics,
         kube,
+        nvml_libraries: libraries,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let gpuops_nvml_gpus = opened.gpus;
     runtime.block_on(
-        gpuops_agent::Agent::new(gpuops_nvml_gpus, first, config)
-            .run(crate::http::shutdown_signal()),
+        gpuops_agent::Agent::new(gpus, first, config).run(crate::http::shutdown_signal()),
     )?;
     // A task stuck in a driver or kubelet call must not hold the exit up.
     runtime.shutdown_timeout(Duration::from_millis(200));
     // Keep the temporary simulator state until the agent stopped.
-    drop(opened.simulation);
+    drop(simulation);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -462,7 +500,7 @@ async fn serve_metrics(
 /// The agent's Kubernetes side, as the flags configure it.
 fn kube_config(
     args: &Args,
-    opened: &gpu_source::Opened,
+    simulation: Option<&gpu_source::Simulation>,
     pod_socket: Option<PathBuf>,
 ) -> Result<Option<KubeConfig>> {
     let flags = &args.node;
@@ -496,7 +534,7 @@ fn kube_config(
             if let Err(e) = std::fs::metadata(file) {
                 tracing::warn!(file = %file.display(), "MIG config file {}: {e}", file.display());
             }
-            let gpu_flags = match (&opened.simulation, &args.gpus.nvml_lib) {
+            let gpu_flags = match (simulation, &args.gpus.nvml_lib) {
                 (Some(sim), _) => vec![
                     "--sim-state".to_string(),
                     sim.state_dir.display().to_string(),
@@ -533,7 +571,7 @@ fn kube_config(
             },
             machine_type: std::fs::read_to_string("/sys/class/dmi/id/product_name")
                 .ok()
-                .filter(|_| opened.simulation.is_none())
+                .filter(|_| simulation.is_none())
                 .map(|s| s.trim().to_string()),
         }),
         mig,
