@@ -5,7 +5,7 @@
 //! This task is the only one that waits on the kubelet's PodResources, with a deadline.
 
 use crate::podresources::{PodClient, list_pod_resources};
-use crate::{NodeState, Probes, now_ms};
+use crate::state::{NodeState, Probes, now_ms};
 use gpuops_metrics::{AgentStats, Assignment, HostnameLabel, NodeView, PodMap};
 use std::future::Future;
 use std::path::PathBuf;

@@ -3,8 +3,8 @@
 //! The config is resolved here whether or not the agent serves the device plugin: the node's
 //! labels (`nvidia.com/mig.strategy`, the MIG devices) need the same MIG strategy either way.
 
-use crate::NodeState;
 use crate::named::{LABEL, NamedConfigs};
+use crate::state::NodeState;
 use gpuops_deviceplugin::Published;
 use gpuops_inventory::Inventory;
 use gpuops_resources::HostDevices;

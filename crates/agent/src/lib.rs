@@ -14,6 +14,7 @@
 //! whatever someone else removes, or a failed write left behind, is repaired at the next pass.
 
 mod changes;
+mod error;
 mod exporter;
 mod feed;
 mod mig;
@@ -21,9 +22,11 @@ mod named;
 mod node;
 mod podresources;
 mod snapshot;
+mod state;
 mod xid;
 
 pub use changes::{Change, changes};
+pub use error::AgentError;
 pub use exporter::{MetricsServer, Served};
 pub use feed::{ConfigSource, publish};
 pub use mig::{FlowConfig, REASON_ANNOTATION, SINCE_ANNOTATION, STATE_LABEL};
@@ -31,6 +34,7 @@ pub use named::{LABEL as DEVICE_PLUGIN_CONFIG_LABEL, NamedConfigs, load_dir};
 pub use node::{FEATURE_MANAGER, HEALTH_MANAGER, MIG_MANAGER, NodeOptions};
 pub use podresources::{MAX_MESSAGE_BYTES as POD_RESOURCES_MAX_MESSAGE_BYTES, list_pod_resources};
 pub use snapshot::open_first as open_nvml;
+pub use state::{NodeState, Probes, now_ms};
 pub use xid::describe_event;
 
 use gpuops_inventory::Inventory;
@@ -42,15 +46,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-/// Why the agent could not start or stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error(transparent)]
-    Kube(#[from] gpuops_kube::KubeError),
-    #[error("device plugin config: {0}")]
-    Config(String),
-}
 
 /// Everything the agent does, as configured (the binary fills it from flags and env vars).
 pub struct AgentConfig {
@@ -91,44 +86,6 @@ pub struct KubeConfig {
     /// How often the node reconciler re-checks the Node even when nothing changed (and refreshes
     /// the condition's heartbeat).
     pub resync: Duration,
-}
-
-/// What every task reads: the last snapshot and what the agent knows about the devices' health.
-#[derive(Debug, Clone)]
-pub struct NodeState {
-    pub inventory: Arc<Inventory>,
-    pub health: HealthTracker,
-    pub xids: XidCounters,
-    /// When the collection that produced this state began; `None` when only health changed.
-    pub collection: Option<Instant>,
-    /// NVML reads that failed since start.
-    pub nvml_errors: u64,
-    /// False while NVML could not be loaded (FAIL_ON_INIT_ERROR=false): nothing is advertised
-    /// or written on the node, the agent serves only its own health and metrics.
-    pub nvml_loaded: bool,
-}
-
-/// The liveness and readiness the agent reports (`/healthz` and `/readyz` on the metrics port).
-#[derive(Debug, Clone, Default)]
-pub struct Probes {
-    /// When the snapshot loop last went round (ms since the epoch).
-    pub last_loop_ms: Arc<std::sync::atomic::AtomicU64>,
-    /// Every task was started and the agent is not shutting down.
-    pub ready: Arc<std::sync::atomic::AtomicBool>,
-    /// The loop is stuck when it has not gone round for this long.
-    pub stale_after_ms: u64,
-}
-
-impl Probes {
-    /// Liveness: the snapshot loop goes round (a hung NVML call or a dead loop fails it).
-    pub fn live(&self) -> bool {
-        let last = self.last_loop_ms.load(std::sync::atomic::Ordering::Relaxed);
-        now_ms().saturating_sub(last) <= self.stale_after_ms
-    }
-
-    pub fn ready(&self) -> bool {
-        self.ready.load(std::sync::atomic::Ordering::Relaxed)
-    }
 }
 
 /// A configured agent on opened GPUs.
@@ -330,11 +287,4 @@ impl Agent {
         }
         Ok(())
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -12,7 +12,7 @@
 //! The flow does not write the Node itself: it publishes the state label and annotations it wants
 //! ([`MigReport`]) and the node reconciler keeps them there, so a write that failed is made again.
 
-use crate::NodeState;
+use crate::state::NodeState;
 use gpuops_kube::{NodeWriter, now_secs, rfc3339};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::BTreeMap;
@@ -352,7 +352,7 @@ impl Flow {
         loop {
             let listed = tokio::time::timeout(
                 Duration::from_secs(10),
-                crate::list_pod_resources(&socket, None),
+                crate::podresources::list_pod_resources(&socket, None),
             )
             .await
             .unwrap_or_else(|_| Err("no answer within 10s".into()));

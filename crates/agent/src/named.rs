@@ -1,7 +1,7 @@
 //! Per-node device plugin config: NVIDIA's `nvidia.com/device-plugin.config` node label picks one of
 //! several named configs, watched by the agent itself (no sidecar, no restart).
 
-use crate::AgentError;
+use crate::error::AgentError;
 use gpuops_resources::config::Config;
 use std::collections::BTreeMap;
 use std::path::Path;

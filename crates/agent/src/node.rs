@@ -7,8 +7,8 @@
 //! the config, the MIG report or the observed Node change, and every resync; a failed pass is
 //! retried with jittered exponential backoff.
 
-use crate::NodeState;
 use crate::mig::MigReport;
+use crate::state::NodeState;
 use backon::BackoffBuilder;
 use gpuops_kube::{KubeError, NodeWriter, TaintWanted, now_secs, rfc3339};
 use gpuops_labels::{GPU_HEALTH_ANNOTATION, HealthDecision, NodeCondition};

@@ -4,8 +4,8 @@
 //! call that hangs delays nothing else: XIDs still turn devices unhealthy, shutdown still stops.
 
 use crate::changes::changes;
+use crate::state::{NodeState, now_ms};
 use crate::xid::{Report, describe_event};
-use crate::{NodeState, now_ms};
 use backon::BackoffBuilder;
 use gpuops_inventory::Inventory;
 use gpuops_nvml::{GpuEvent, Gpus, Library, NvmlError, Scope};
@@ -243,13 +243,13 @@ async fn join(
     }
 }
 
-fn change_kind(change: &crate::Change) -> &'static str {
+fn change_kind(change: &crate::changes::Change) -> &'static str {
     match change {
-        crate::Change::GpuAppeared { .. } => "gpu_appeared",
-        crate::Change::GpuDisappeared { .. } => "gpu_disappeared",
-        crate::Change::HealthChanged { .. } => "health",
-        crate::Change::MigModeChanged { .. } => "mig_mode",
-        crate::Change::MigLayoutChanged { .. } => "mig_layout",
+        crate::changes::Change::GpuAppeared { .. } => "gpu_appeared",
+        crate::changes::Change::GpuDisappeared { .. } => "gpu_disappeared",
+        crate::changes::Change::HealthChanged { .. } => "health",
+        crate::changes::Change::MigModeChanged { .. } => "mig_mode",
+        crate::changes::Change::MigLayoutChanged { .. } => "mig_layout",
     }
 }
 

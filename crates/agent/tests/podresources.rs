@@ -1,5 +1,6 @@
 //! The PodResources client against a kubelet-side server whose answer is larger than gRPC's
 //! default 4 MiB message limit (a node with many pods and devices).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use gpuops_kubelet_api::podresources::v1::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,

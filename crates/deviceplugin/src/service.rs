@@ -1,7 +1,7 @@
 //! One resource's DevicePlugin gRPC service: ListAndWatch from the published state, Allocate and
 //! GetPreferredAllocation through the pure resource model.
 
-use crate::Published;
+use crate::published::Published;
 use gpuops_kubelet_api::deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,

@@ -1,9 +1,10 @@
 //! Keeps one server per advertised resource running and registered, across kubelet restarts and
 //! resource changes.
 
+use crate::error::PluginError;
+use crate::published::Published;
 use crate::register::RegistrationBackoff;
 use crate::service::PluginService;
-use crate::{PluginError, Published};
 use gpuops_kubelet_api::deviceplugin::v1beta1::{
     DevicePluginOptions, RegisterRequest, device_plugin_server::DevicePluginServer,
     registration_client::RegistrationClient,

@@ -1,5 +1,6 @@
 //! The plugin servers as the kubelet sees them: a kubelet that refuses every registration (the
 //! supervisor backs off instead of retrying every tick) and Allocate's device specs.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use gpuops_kubelet_api::deviceplugin::v1beta1::registration_server::{
     Registration, RegistrationServer,

@@ -6,7 +6,8 @@
 //! Every write returns the Node as the API server now has it, so a reconciler compares its next
 //! desired state with what is there, not with what it believes it wrote.
 
-use crate::{KubeError, bounded, strip_managed_fields};
+use crate::error::{KubeError, bounded};
+use crate::watch::strip_managed_fields;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};

@@ -1,0 +1,52 @@
+//! The one node state every task reads, and the agent's probes.
+
+use gpuops_inventory::Inventory;
+use gpuops_metrics::XidCounters;
+use gpuops_resources::health::HealthTracker;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What every task reads: the last snapshot and what the agent knows about the devices' health.
+#[derive(Debug, Clone)]
+pub struct NodeState {
+    pub inventory: Arc<Inventory>,
+    pub health: HealthTracker,
+    pub xids: XidCounters,
+    /// When the collection that produced this state began; `None` when only health changed.
+    pub collection: Option<Instant>,
+    /// NVML reads that failed since start.
+    pub nvml_errors: u64,
+    /// False while NVML could not be loaded (FAIL_ON_INIT_ERROR=false): nothing is advertised
+    /// or written on the node, the agent serves only its own health and metrics.
+    pub nvml_loaded: bool,
+}
+
+/// The liveness and readiness the agent reports (`/healthz` and `/readyz` on the metrics port).
+#[derive(Debug, Clone, Default)]
+pub struct Probes {
+    /// When the snapshot loop last went round (ms since the epoch).
+    pub last_loop_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Every task was started and the agent is not shutting down.
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
+    /// The loop is stuck when it has not gone round for this long.
+    pub stale_after_ms: u64,
+}
+
+impl Probes {
+    /// Liveness: the snapshot loop goes round (a hung NVML call or a dead loop fails it).
+    pub fn live(&self) -> bool {
+        let last = self.last_loop_ms.load(std::sync::atomic::Ordering::Relaxed);
+        now_ms().saturating_sub(last) <= self.stale_after_ms
+    }
+
+    pub fn ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
