@@ -4,6 +4,8 @@
 #   etcd                                                            (wrapper module etcd/)
 #   kwok                                                            (wrapper module kwok/)
 #   helm                                                            (wrapper module helm/)
+#   kubelet                                                         (wrapper module kubelet/)
+#   containerd containerd-shim-runc-v2 ctr                          (wrapper module containerd/)
 #   every main package under harness/cmd/ (if harness/go.mod exists)
 # into ${GPUOPS_CACHE:-$HOME/.cache/gpuops}/k8s/<key>/bin, where <key> hashes versions.env,
 # the wrappers' go.mod/go.sum and the harness sources. Anything already built is reused,
@@ -28,7 +30,7 @@ die() { local code=$1; shift; printf '[k8s-build] ERROR: %s\n' "$*" >&2; exit "$
 
 # shellcheck source=versions.env
 source "$here/versions.env"
-: "${K8S_VERSION:?versions.env: K8S_VERSION unset}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}"
+: "${K8S_VERSION:?versions.env: K8S_VERSION unset}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}" "${CONTAINERD_VERSION:?}"
 
 # The wrappers must match versions.env (update-modules.sh regenerates them).
 check_pin() { # dir module version
@@ -39,6 +41,8 @@ check_pin kube k8s.io/kubernetes "$K8S_VERSION"
 check_pin etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
 check_pin kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 check_pin helm helm.sh/helm/v3 "$HELM_VERSION"
+check_pin kubelet k8s.io/kubernetes "$K8S_VERSION"
+check_pin containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION"
 
 have_harness=0
 [ -f "$here/harness/go.mod" ] && have_harness=1
@@ -61,13 +65,15 @@ key_kube=$(echo "recipe=$RECIPE $platform k8s=$K8S_VERSION $(files_hash "$here/k
 key_etcd=$(echo "recipe=$RECIPE $platform etcd=$ETCD_VERSION $(files_hash "$here/etcd/go.mod" "$here/etcd/go.sum")" | sha)
 key_kwok=$(echo "recipe=$RECIPE $platform kwok=$KWOK_VERSION $(files_hash "$here/kwok/go.mod" "$here/kwok/go.sum")" | sha)
 key_helm=$(echo "recipe=$RECIPE $platform helm=$HELM_VERSION $(files_hash "$here/helm/go.mod" "$here/helm/go.sum")" | sha)
+key_kubelet=$(echo "recipe=$RECIPE $platform k8s=$K8S_VERSION $(files_hash "$here/kubelet/go.mod" "$here/kubelet/go.sum")" | sha)
+key_containerd=$(echo "recipe=$RECIPE $platform containerd=$CONTAINERD_VERSION $(files_hash "$here/containerd/go.mod" "$here/containerd/go.sum")" | sha)
 key_harness=none
 if [ $have_harness = 1 ]; then
   mapfile -t hfiles < <(harness_files)
   key_harness=$(echo "recipe=$RECIPE $platform k8s=$K8S_VERSION $(files_hash "${hfiles[@]}")" | sha)
 fi
 key="$K8S_VERSION-$(printf '%s\n' "$(sha256sum < "$here/versions.env")" \
-  "$key_kube" "$key_etcd" "$key_kwok" "$key_helm" "$key_harness" | sha)"
+  "$key_kube" "$key_etcd" "$key_kwok" "$key_helm" "$key_harness" "$key_kubelet" "$key_containerd" | sha)"
 
 root="${GPUOPS_CACHE:-$HOME/.cache/gpuops}/k8s"
 out="$root/$key/bin"
@@ -107,7 +113,7 @@ fi
 export GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 
 # Refuse a Go older than what the wrappers ask for, with a plain message (rather than go's own).
-need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here"/{kube,etcd,kwok,helm}/go.mod \
+need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here"/{kube,etcd,kwok,helm,kubelet,containerd}/go.mod \
   $( [ $have_harness = 1 ] && echo "$here/harness/go.mod") | sort -V | tail -1)
 have_go=$(go env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9.]*\).*/\1/p')
 if [ -z "$have_go" ] || [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -1)" != "$need_go" ]; then
@@ -205,6 +211,14 @@ if [ -n "$helm_k8s_minor" ]; then
 fi
 build_one helm "$key_helm" "$here/helm" helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 
+# The real-node tier: the kubelet (its own wrapper, so kube/'s key did not change) and containerd
+# 2.x with its runc shim and ctr (the version its Makefile stamps; CGO off: no btrfs snapshotter).
+build_one kubelet "$key_kubelet" "$here/kubelet" kubelet k8s.io/kubernetes/cmd/kubelet "$kube_ldflags"
+containerd_ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
+for c in containerd containerd-shim-runc-v2 ctr; do
+  build_one containerd "$key_containerd" "$here/containerd" "$c" "github.com/containerd/containerd/v2/cmd/$c" "$containerd_ldflags"
+done
+
 if [ $have_harness = 1 ]; then
   if [ -d "$here/harness/cmd" ]; then
     list_log="$logs/harness-list.log"
@@ -227,13 +241,14 @@ check_version() { # name args...
   v=$("$out/$name" "$@" 2>&1) || { printf '%s\n' "$v" | sed 's/^/    /' >&2; die 1 "$out/$name $* failed"; }
   say "$name $*: ${v%%$'\n'*}"
 }
-for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok; do check_version "$b" --version; done
+for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok kubelet containerd ctr; do check_version "$b" --version; done
+check_version containerd-shim-runc-v2 -v
 check_version kubectl version --client
 check_version helm version --short
 
 {
-  echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION"
-  echo "kube=$key_kube etcd=$key_etcd kwok=$key_kwok helm=$key_helm harness=$key_harness"
+  echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION containerd=$CONTAINERD_VERSION"
+  echo "kube=$key_kube etcd=$key_etcd kwok=$key_kwok helm=$key_helm harness=$key_harness kubelet=$key_kubelet containerd=$key_containerd"
 } > "$root/$key/BUILD-INFO"
 printf '%s\n' "${built_names[@]}" > "$tmp/complete"
 mv -f "$tmp/complete" "$out/.complete"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Regenerates the wrapper modules tests/k8s/{kube,etcd,kwok,helm}/go.mod + go.sum from
+# Regenerates the wrapper modules tests/k8s/{kube,kubelet,etcd,kwok,helm,containerd}/go.mod + go.sum from
 # versions.env. Run it after changing a version there; it needs the Go module proxy.
 # build.sh never runs this: it builds from the committed go.mod/go.sum.
-# Usage: update-modules.sh [kube] [etcd] [kwok] [helm]   (no argument: all of them)
+# Usage: update-modules.sh [kube] [kubelet] [etcd] [kwok] [helm] [containerd]   (no argument: all)
 #
 # kube/: k8s.io/kubernetes replaces its staging modules (k8s.io/api, ...) with
 # ./staging/src/..., which a dependent module cannot use, so `go install
 # k8s.io/kubernetes/cmd/...@vX` fails (kubernetes/kubernetes#79384). The wrapper
 # requires k8s.io/kubernetes vX and replaces every staging module named in that
 # version's go.mod with its published v0.X.Y; it copies the go and godebug lines too.
+# kubelet/ is the same wrapper with only the kubelet (the real-node tier), kept apart so that
+# adding it did not change kube/'s go.mod and with it the cache key of the control plane.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
@@ -18,9 +20,9 @@ export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
 command -v go >/dev/null || { echo "update-modules.sh: go not found (see README.md)" >&2; exit 2; }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(kube etcd kwok helm)
+[ ${#want[@]} -gt 0 ] || want=(kube kubelet etcd kwok helm containerd)
 for w in "${want[@]}"; do
-  case "$w" in kube|etcd|kwok|helm) ;; *) echo "update-modules.sh: unknown module '$w' (kube etcd kwok helm)" >&2; exit 2;; esac
+  case "$w" in kube|kubelet|etcd|kwok|helm|containerd) ;; *) echo "update-modules.sh: unknown module '$w' (kube kubelet etcd kwok helm containerd)" >&2; exit 2;; esac
 done
 wanted() { local w; for w in "${want[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
 
@@ -34,9 +36,9 @@ go_line_of() { # module@version -> the `go` line of its go.mod
   sed -n 's/^go \([0-9.]*\)$/\1/p' "$f"
 }
 
-if wanted kube; then
-echo "== kube ($K8S_VERSION)" >&2
-d=$here/kube; fresh "$d" gpuops.local/tests/k8s/kube
+kube_wrapper() { # dir module-path commands...
+local d=$1 path=$2; shift 2
+fresh "$d" "$path"
 cd "$d"
 gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\([^"]*\)".*/\1/p')
 [ -f "$gomod" ] || { echo "cannot download go.mod of k8s.io/kubernetes@$K8S_VERSION" >&2; exit 1; }
@@ -51,11 +53,21 @@ go mod edit -go="$go_line"
 # godebug lines, single-line form and block form
 sed -n -e 's/^godebug \([^ (][^ ]*=[^ ]*\)$/\1/p' -e '/^godebug (/,/^)/{/=/s/^[[:space:]]*\([^ ]*=[^ ]*\)$/\1/p}' "$gomod" |
   while read -r kv; do go mod edit -godebug="$kv"; done
-for c in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
+for c in "$@"; do
   go get -tool "k8s.io/kubernetes/cmd/$c@$K8S_VERSION"
 done
 go mod tidy
 go mod verify >/dev/null
+}
+
+if wanted kube; then
+echo "== kube ($K8S_VERSION)" >&2
+kube_wrapper "$here/kube" gpuops.local/tests/k8s/kube kube-apiserver kube-scheduler kube-controller-manager kubectl
+fi
+
+if wanted kubelet; then
+echo "== kubelet ($K8S_VERSION)" >&2
+kube_wrapper "$here/kubelet" gpuops.local/tests/k8s/kubelet kubelet
 fi
 
 if wanted etcd; then
@@ -102,4 +114,18 @@ go mod tidy
 go mod verify >/dev/null
 fi
 
-echo "wrapper modules regenerated (${want[*]}); commit tests/k8s/{${want[*]// /,}}/go.{mod,sum}" >&2
+# containerd/: containerd 2.x for the real-node tier (1.x silently drops CDI devices). Its module
+# has no replace directives, so the wrapper only requires it, as tools.
+if wanted containerd; then
+echo "== containerd ($CONTAINERD_VERSION)" >&2
+d=$here/containerd; fresh "$d" gpuops.local/tests/k8s/containerd
+cd "$d"
+go mod edit -go="$(go_line_of "github.com/containerd/containerd/v2@$CONTAINERD_VERSION")"
+for c in containerd containerd-shim-runc-v2 ctr; do
+  go get -tool "github.com/containerd/containerd/v2/cmd/$c@$CONTAINERD_VERSION"
+done
+go mod tidy
+go mod verify >/dev/null
+fi
+
+echo "wrapper modules regenerated (${want[*]}); commit tests/k8s/{$(IFS=,; echo "${want[*]}")}/go.{mod,sum}" >&2

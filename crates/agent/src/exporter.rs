@@ -7,32 +7,26 @@
 use crate::podresources::{PodClient, list_pod_resources};
 use crate::state::{NodeState, Probes, now_ms};
 use gpuops_metrics::{AgentStats, Assignment, HostnameLabel, NodeView, PodMap};
-use std::future::Future;
+use gpuops_serve::hyper::{Method, StatusCode};
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// Serves the metrics until the receiver turns true (the binary's HTTP server, injected so the
-/// agent owns its lifecycle without owning a server of its own).
-pub type MetricsServer = Box<
-    dyn FnOnce(Arc<Served>, watch::Receiver<bool>) -> Pin<Box<dyn Future<Output = ()> + Send>>
-        + Send,
->;
+/// How long shutdown waits for scrapes in flight: the whole agent stops within 2 s.
+const DRAIN: Duration = Duration::from_secs(1);
 
 /// How long one PodResources `List()` may take before the last good answer is kept.
 const POD_RESOURCES_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// What the HTTP side serves: the last render, the node it is for and the agent's probes.
+/// What the HTTP side serves: the last render and the node it is for.
 pub struct Served {
     body: watch::Receiver<Arc<String>>,
     scrapes: AtomicU64,
     label: HostnameLabel,
     hostname: String,
-    probes: Probes,
 }
 
 /// One HTTP answer: status, content type, body.
@@ -64,7 +58,6 @@ pub(crate) fn spawn(
     label: HostnameLabel,
     pod_socket: Option<PathBuf>,
     mut state: watch::Receiver<Arc<NodeState>>,
-    probes: Probes,
     mut stop: watch::Receiver<bool>,
 ) -> (Arc<Served>, JoinHandle<()>) {
     let (tx, body) = watch::channel(Arc::new(String::new()));
@@ -73,7 +66,6 @@ pub(crate) fn spawn(
         scrapes: AtomicU64::new(0),
         label,
         hostname: hostname.to_string(),
-        probes,
     });
     let mut exporter = Exporter {
         hostname: hostname.to_string(),
@@ -198,13 +190,13 @@ fn process_usage() -> (Option<u64>, Option<f64>) {
 
 impl Served {
     /// The answer to `GET path` (`head`: the same without a body).
-    pub fn respond(&self, method: &str, path: &str) -> Reply {
+    pub fn respond(&self, method: &Method, path: &str) -> Reply {
         let text = |status, body: &'static [u8]| Reply {
             status,
             content_type: "text/plain",
             body: body.to_vec(),
         };
-        if method != "GET" && method != "HEAD" {
+        if method != Method::GET && method != Method::HEAD {
             return text(405, b"only GET\n");
         }
         match path {
@@ -221,12 +213,6 @@ impl Served {
                     body: bytes,
                 }
             }
-            // Liveness: the snapshot loop goes round; a kubelet restarting the pod on a hung
-            // driver call is the only cure for it.
-            "/healthz" if self.probes.live() => text(200, b"ok\n"),
-            "/healthz" => text(503, b"the GPU snapshot loop is stuck\n"),
-            "/readyz" if self.probes.ready() => text(200, b"ok\n"),
-            "/readyz" => text(503, b"not ready\n"),
             "/" => Reply {
                 status: 200,
                 content_type: "text/html",
@@ -235,4 +221,68 @@ impl Served {
             _ => text(404, b"not found; metrics are at /metrics\n"),
         }
     }
+}
+
+/// Serves `/metrics` (and the probes) on `listener` until `stop`; liveness follows the snapshot
+/// loop, readiness the first collection.
+pub(crate) async fn serve(
+    listener: gpuops_serve::Listener,
+    served: Arc<Served>,
+    probes: Probes,
+    mut stop: watch::Receiver<bool>,
+) {
+    let watchdog = {
+        let (probes, mut stop) = (probes.clone(), stop.clone());
+        let mut body = served.body.clone();
+        tokio::spawn(async move {
+            let first = body.wait_for(|b| !b.is_empty());
+            tokio::pin!(first);
+            let mut ready = false;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    done = &mut first, if !ready => {
+                        ready = true;
+                        if done.is_ok() {
+                            probes.serve.set_ready(true);
+                        }
+                    }
+                    _ = tick.tick() => {
+                        // A kubelet restarting the pod is the only cure for a hung driver call.
+                        let alive = probes.loop_alive();
+                        if alive != probes.serve.is_live() {
+                            if !alive {
+                                tracing::error!("the GPU snapshot loop is stuck: /healthz fails");
+                            }
+                            probes.serve.set_live(alive);
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let options = gpuops_serve::Options {
+        drain_timeout: DRAIN,
+        ..gpuops_serve::Options::default()
+    };
+    let result = gpuops_serve::serve(
+        listener,
+        Arc::clone(&probes.serve),
+        options,
+        move |req| {
+            let reply = served.respond(req.method(), req.uri().path());
+            let status =
+                StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let response = gpuops_serve::reply(status, reply.content_type, reply.body);
+            async move { response }
+        },
+        stop.clone(),
+    )
+    .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "metrics server: {e}");
+    }
+    let _ = stop.changed().await;
+    watchdog.abort();
 }

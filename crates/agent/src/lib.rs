@@ -27,7 +27,7 @@ mod xid;
 
 pub use changes::{Change, changes};
 pub use error::AgentError;
-pub use exporter::{MetricsServer, Served};
+pub use exporter::Served;
 pub use feed::{ConfigSource, publish};
 pub use mig::{FlowConfig, REASON_ANNOTATION, SINCE_ANNOTATION, STATE_LABEL};
 pub use named::{LABEL as DEVICE_PLUGIN_CONFIG_LABEL, NamedConfigs, load_dir};
@@ -67,14 +67,16 @@ pub struct AgentConfig {
     pub kube: Option<KubeConfig>,
     /// Where to look for NVML while it is not loaded, in order.
     pub nvml_libraries: Vec<gpuops_nvml::Library>,
+    /// The host's sysfs, for GPUs opened later.
+    pub sysfs_root: PathBuf,
 }
 
 /// The exporter.
 pub struct MetricsConfig {
     pub hostname_label: HostnameLabel,
     pub pod_socket: Option<PathBuf>,
-    /// Serves [`Served`] until its shutdown receiver turns true.
-    pub server: MetricsServer,
+    /// The bound metrics socket (bound early, so a taken port fails the start).
+    pub listener: gpuops_serve::Listener,
 }
 
 /// The agent's Kubernetes side.
@@ -108,8 +110,8 @@ impl Agent {
             gpus: gpus.map(Arc::new),
             first,
             probes: Probes {
+                serve: gpuops_serve::Probes::new(),
                 last_loop_ms: Arc::new(std::sync::atomic::AtomicU64::new(now_ms())),
-                ready: Arc::default(),
                 // A loop blocked in NVML past its timeout for a few rounds is not alive.
                 stale_after_ms: (config.interval * 3 + config.snapshot_timeout).as_millis() as u64,
             },
@@ -196,13 +198,17 @@ impl Agent {
                 m.hostname_label,
                 m.pod_socket,
                 state_rx.clone(),
-                probes.clone(),
                 stop_rx.clone(),
             );
             tasks.push(("exporter", task));
             tasks.push((
                 "metrics server",
-                tokio::spawn((m.server)(served, stop_rx.clone())),
+                tokio::spawn(exporter::serve(
+                    m.listener,
+                    served,
+                    probes.clone(),
+                    stop_rx.clone(),
+                )),
             ));
         }
 
@@ -244,14 +250,12 @@ impl Agent {
             &state_rx.borrow().inventory,
         )));
         let stop_xids = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        probes
-            .ready
-            .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(interval = ?config.interval, "re-reading the GPUs every {:?}", config.interval);
         let xid_thread = snapshot::run(
             snapshot::Loop {
                 gpus,
                 libraries: config.nvml_libraries,
+                sysfs_root: config.sysfs_root,
                 reports_tx,
                 stop_xids: Arc::clone(&stop_xids),
                 interval: config.interval,
@@ -268,9 +272,7 @@ impl Agent {
         .await;
 
         tracing::info!("stopping");
-        probes
-            .ready
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+        probes.serve.set_ready(false);
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = stop_tx.send(true);
         let deadline = tokio::time::Instant::now() + DRAIN;

@@ -22,6 +22,8 @@ pub(crate) struct Loop {
     pub gpus: Option<Arc<Gpus>>,
     /// Where to look for NVML while it is not loaded, in order.
     pub libraries: Vec<Library>,
+    /// The host's sysfs, for what NVML does not say (the PCI class on old drivers).
+    pub sysfs_root: std::path::PathBuf,
     pub reports_tx: mpsc::Sender<Report>,
     pub stop_xids: Arc<AtomicBool>,
     pub interval: Duration,
@@ -56,7 +58,7 @@ fn start_xids(l: &Loop, gpus: &Arc<Gpus>) -> Option<std::thread::JoinHandle<()>>
 }
 
 /// Tries each library in turn (paths that do not exist are skipped); the error names them all.
-pub fn open_first(libraries: &[Library]) -> Result<Gpus, String> {
+pub fn open_first(libraries: &[Library], sysfs_root: &std::path::Path) -> Result<Gpus, String> {
     let mut errors = Vec::new();
     let mut missing = Vec::new();
     for library in libraries {
@@ -69,7 +71,7 @@ pub fn open_first(libraries: &[Library]) -> Result<Gpus, String> {
             continue;
         }
         match Gpus::open(library.clone()) {
-            Ok(g) => return Ok(g),
+            Ok(g) => return Ok(g.with_sysfs_root(sysfs_root)),
             Err(e) => errors.push(e.to_string()),
         }
     }
@@ -127,8 +129,8 @@ pub(crate) async fn run(
                 }
             }
             () = tokio::time::sleep_until(open_at), if l.gpus.is_none() && opening.is_none() => {
-                let libraries = l.libraries.clone();
-                opening = Some(tokio::task::spawn_blocking(move || open_first(&libraries)));
+                let (libraries, root) = (l.libraries.clone(), l.sysfs_root.clone());
+                opening = Some(tokio::task::spawn_blocking(move || open_first(&libraries, &root)));
             }
             opened = join_open(&mut opening), if opening.is_some() => {
                 opening = None;

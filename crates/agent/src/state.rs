@@ -21,26 +21,22 @@ pub struct NodeState {
     pub nvml_loaded: bool,
 }
 
-/// The liveness and readiness the agent reports (`/healthz` and `/readyz` on the metrics port).
-#[derive(Debug, Clone, Default)]
+/// The agent's liveness and readiness, served at `/healthz` and `/readyz` on the metrics port.
+#[derive(Debug, Clone)]
 pub struct Probes {
+    /// The server's latches.
+    pub serve: Arc<gpuops_serve::Probes>,
     /// When the snapshot loop last went round (ms since the epoch).
     pub last_loop_ms: Arc<std::sync::atomic::AtomicU64>,
-    /// Every task was started and the agent is not shutting down.
-    pub ready: Arc<std::sync::atomic::AtomicBool>,
     /// The loop is stuck when it has not gone round for this long.
     pub stale_after_ms: u64,
 }
 
 impl Probes {
     /// Liveness: the snapshot loop goes round (a hung NVML call or a dead loop fails it).
-    pub fn live(&self) -> bool {
+    pub fn loop_alive(&self) -> bool {
         let last = self.last_loop_ms.load(std::sync::atomic::Ordering::Relaxed);
         now_ms().saturating_sub(last) <= self.stale_after_ms
-    }
-
-    pub fn ready(&self) -> bool {
-        self.ready.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

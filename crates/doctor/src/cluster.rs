@@ -3,7 +3,7 @@
 use crate::fit;
 use crate::resources::{self, GpuMap};
 use crate::snapshot::Snapshot;
-use k8s_openapi::api::core::v1::{Event, Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Pod, Taint};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, HashMap};
 
@@ -13,6 +13,10 @@ pub const PRODUCT: &str = "nvidia.com/gpu.product";
 pub const COUNT: &str = "nvidia.com/gpu.count";
 pub const DRIVER_FULL: &str = "nvidia.com/cuda.driver-version.full";
 pub const DRIVER_MAJOR: &str = "nvidia.com/cuda.driver-version.major";
+/// The driver labels GFD wrote before the `cuda.driver-version.*` form (still on older nodes).
+pub const OLD_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
+pub const OLD_DRIVER_MINOR: &str = "nvidia.com/cuda.driver.minor";
+pub const OLD_DRIVER_REV: &str = "nvidia.com/cuda.driver.rev";
 pub const MIG_CONFIG: &str = "nvidia.com/mig.config";
 pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
 pub const MIG_STATE_SINCE: &str = "gpuops.io/mig.config.state-since";
@@ -38,11 +42,118 @@ pub struct NodeView<'a> {
     pub gpu_pods: Vec<usize>,
     /// Pods of the GPU agent or NVIDIA's device plugin on this node.
     pub agents: Vec<&'a Pod>,
+    /// Allocatable CPU (cores) and memory (bytes); `None` when the node does not say.
+    pub cpu_allocatable: Option<f64>,
+    pub memory_allocatable: Option<f64>,
+    /// CPU and memory requested by every active pod bound here (GPU or not).
+    pub cpu_requested: f64,
+    pub memory_requested: f64,
 }
+
+/// The taints the node lifecycle controller puts on a node whose kubelet stopped reporting.
+pub const LIFECYCLE_TAINTS: &[&str] = &[
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
 
 impl NodeView<'_> {
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels.get(key).map(String::as_str)
+    }
+
+    /// The `Ready` condition when it is not `True` (`False` or `Unknown`).
+    pub fn not_ready(&self) -> Option<&NodeCondition> {
+        self.node
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .filter(|c| c.status != "True")
+    }
+
+    /// Whether a lifecycle taint (not-ready, unreachable) is on the node.
+    pub fn lifecycle_tainted(&self) -> bool {
+        self.taints
+            .iter()
+            .any(|t| LIFECYCLE_TAINTS.contains(&t.key.as_str()))
+    }
+
+    /// How many GPUs the node has, from capacity or the `nvidia.com/gpu.count` label.
+    pub fn gpu_count(&self) -> i64 {
+        let label = self.label(COUNT).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let whole = self
+            .capacity
+            .get(crate::resources::GPU)
+            .copied()
+            .unwrap_or(0);
+        label.max(whole / self.replicas(crate::resources::GPU).max(1))
+    }
+
+    /// Why the node's GPUs cannot take pods now, when they cannot: NotReady, no device plugin,
+    /// every device unhealthy, the GPU-unhealthy taint, or a MIG change failed or under way.
+    pub fn unavailable(&self, now: Timestamp) -> Option<String> {
+        if let Some(c) = self.not_ready() {
+            let since = c
+                .last_transition_time
+                .as_ref()
+                .map(|t| format!(" for {}", human_duration(seconds_between(now, t.0))))
+                .unwrap_or_default();
+            return Some(format!(
+                "NotReady{since} (Ready={} {}: {})",
+                c.status,
+                c.reason.as_deref().unwrap_or(""),
+                c.message.as_deref().unwrap_or("").trim()
+            ));
+        }
+        if self.lifecycle_tainted() {
+            let keys: Vec<&str> = self
+                .taints
+                .iter()
+                .filter(|t| LIFECYCLE_TAINTS.contains(&t.key.as_str()))
+                .map(|t| t.key.as_str())
+                .collect();
+            return Some(format!("NotReady (taint {})", keys.join(", ")));
+        }
+        match self.label(MIG_CONFIG_STATE) {
+            Some("failed") => {
+                return Some(format!(
+                    "MIG config {} failed",
+                    self.label(MIG_CONFIG).unwrap_or("?")
+                ));
+            }
+            Some(s @ ("pending" | "rebooting")) => {
+                return Some(format!(
+                    "MIG config {} {s}",
+                    self.label(MIG_CONFIG).unwrap_or("?")
+                ));
+            }
+            _ => {}
+        }
+        if !self.allocatable.values().any(|v| *v > 0) {
+            return Some(if self.capacity.values().any(|v| *v > 0) {
+                "every GPU device unhealthy (allocatable 0)".to_string()
+            } else {
+                "no device plugin registered (no nvidia.com/ resource)".to_string()
+            });
+        }
+        if self
+            .taints
+            .iter()
+            .any(|t| t.key == crate::rules::HEALTH_TAINT)
+        {
+            return Some("GPU unhealthy (taint gpuops.io/gpu-unhealthy)".to_string());
+        }
+        None
+    }
+
+    /// CPU and memory the node has left for a pod: (cores, bytes); `None` when unknown.
+    pub fn cpu_memory_free(&self) -> (Option<f64>, Option<f64>) {
+        (
+            self.cpu_allocatable.map(|a| a - self.cpu_requested),
+            self.memory_allocatable.map(|a| a - self.memory_requested),
+        )
     }
 
     /// Allocatable minus requested, per resource (never negative).
@@ -147,6 +258,12 @@ impl<'a> Cluster<'a> {
                 let status = node.status.as_ref();
                 let capacity = resources::gpu_map(status.and_then(|s| s.capacity.as_ref()));
                 let allocatable = resources::gpu_map(status.and_then(|s| s.allocatable.as_ref()));
+                let quantity = |key: &str| {
+                    status
+                        .and_then(|s| s.allocatable.as_ref())
+                        .and_then(|m| m.get(key))
+                        .and_then(resources::value)
+                };
                 let is_gpu = !capacity.is_empty()
                     || !allocatable.is_empty()
                     || labels.get(GPU_PRESENT).is_some_and(|v| v == "true")
@@ -163,6 +280,10 @@ impl<'a> Cluster<'a> {
                     is_gpu,
                     gpu_pods: Vec::new(),
                     agents: Vec::new(),
+                    cpu_allocatable: quantity("cpu"),
+                    memory_allocatable: quantity("memory"),
+                    cpu_requested: 0.0,
+                    memory_requested: 0.0,
                 }
             })
             .collect();
@@ -191,10 +312,13 @@ impl<'a> Cluster<'a> {
                 if !list.contains(&namespace) {
                     list.push(namespace);
                 }
-                if is_agent(pod)
-                    && let Some(&i) = node_index.get(n)
-                {
-                    nodes[i].agents.push(pod);
+                if let Some(&i) = node_index.get(n) {
+                    let (cpu, memory) = resources::pod_cpu_memory(pod);
+                    nodes[i].cpu_requested += cpu;
+                    nodes[i].memory_requested += memory;
+                    if is_agent(pod) {
+                        nodes[i].agents.push(pod);
+                    }
                 }
             }
             let gpus = resources::pod_gpus(pod);

@@ -124,6 +124,10 @@ pub struct Finding {
     pub evidence: Vec<String>,
     /// A concrete fix: a command or a manifest change.
     pub fix: String,
+    /// The shell commands the fix names, each exactly as it appears there and complete (no
+    /// placeholder), so a tool can run them (`kubectl ... --dry-run=server` checks them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<String>,
 }
 
 impl Finding {
@@ -141,6 +145,7 @@ impl Finding {
             objects: Vec::new(),
             evidence: Vec::new(),
             fix: String::new(),
+            commands: Vec::new(),
         }
     }
 
@@ -165,6 +170,23 @@ impl Finding {
 
     pub(crate) fn fix(mut self, f: impl Into<String>) -> Finding {
         self.fix = f.into();
+        self
+    }
+
+    /// Records the command, if any.
+    pub(crate) fn commands_from(self, c: Option<String>) -> Finding {
+        match c {
+            Some(c) => self.command(c),
+            None => self,
+        }
+    }
+
+    /// Records a command the fix names (see [`Finding::commands`]).
+    pub(crate) fn command(mut self, c: impl Into<String>) -> Finding {
+        let c = c.into();
+        if !self.commands.contains(&c) {
+            self.commands.push(c);
+        }
         self
     }
 }

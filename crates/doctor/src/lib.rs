@@ -42,7 +42,13 @@ pub struct Options {
     pub idle_util_percent: f64,
     /// Driver branches older than this get a warning (535 is the oldest long-term branch in support).
     pub min_driver_major: u32,
+    /// Price of one GPU-hour, for cost findings; a node's [`PRICE_KEY`] annotation or label wins.
+    pub gpu_hour_price: Option<f64>,
 }
+
+/// Node annotation (or label) with the price of one of its GPUs for an hour, in the user's
+/// currency (`2.5`), for the cost findings.
+pub const PRICE_KEY: &str = "gpuops.io/gpu-hour-price";
 
 impl Default for Options {
     fn default() -> Self {
@@ -54,6 +60,7 @@ impl Default for Options {
             idle_after: Duration::from_secs(3600),
             idle_util_percent: 5.0,
             min_driver_major: 535,
+            gpu_hour_price: None,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The doctor's input: plain Kubernetes objects, metric samples and log excerpts, taken at `now`.
 
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, ResourceQuota};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -52,6 +52,11 @@ pub struct Snapshot {
     /// agent's exposition gives).
     pub utilization_window: Option<Duration>,
     pub logs: Vec<LogExcerpt>,
+    /// ResourceQuotas (all, or those of the namespaces read).
+    pub quotas: Vec<ResourceQuota>,
+    /// `false` when only some pods were read (`--node`): rules that must see every pod (who
+    /// tolerates a taint) then say nothing rather than guess.
+    pub all_pods: bool,
     pub now: Timestamp,
 }
 
@@ -65,6 +70,8 @@ impl Snapshot {
             metrics: Vec::new(),
             utilization_window: None,
             logs: Vec::new(),
+            quotas: Vec::new(),
+            all_pods: true,
             now,
         }
     }

@@ -115,6 +115,35 @@ pub fn condition(node: &mut Node, type_: &str, status: &str, reason: &str, messa
         });
 }
 
+/// Sets the node's Ready condition (the node lifecycle controller's Unknown, a kubelet's False).
+pub fn ready(node: &mut Node, status: &str, reason: &str, message: &str, secs_ago: i64) {
+    let conds = node
+        .status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default();
+    conds.retain(|c| c.type_ != "Ready");
+    conds.push(NodeCondition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_transition_time: Some(ago(secs_ago)),
+        ..NodeCondition::default()
+    });
+}
+
+/// Adds CPU and memory requests to every container of the pod.
+pub fn with_cpu_memory(mut p: Pod, cpu: &str, memory: &str) -> Pod {
+    for c in &mut p.spec.as_mut().unwrap().containers {
+        let r = c.resources.get_or_insert_default();
+        let req = r.requests.get_or_insert_default();
+        req.insert("cpu".into(), Quantity(cpu.into()));
+        req.insert("memory".into(), Quantity(memory.into()));
+    }
+    p
+}
+
 /// A pod asking for `gpus` (resource, count) in limits, pending and unbound, created 10 min ago.
 pub fn pod(ns: &str, name: &str, gpus: &[(&str, i64)]) -> Pod {
     let limits: BTreeMap<String, Quantity> = gpus

@@ -23,6 +23,10 @@ pub struct GpuArgs {
     /// simulator library, found next to this binary by default).
     #[arg(long, value_name = "PATH", env = "GPUOPS_NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,
+    /// Where the host's sysfs is mounted, for the GPUs' PCI class (nvidia.com/gpu.mode) on drivers
+    /// older than R535, which lack nvmlDeviceGetPciInfoExt.
+    #[arg(long, value_name = "DIR", env = "GPUOPS_SYSFS_ROOT", default_value = gpuops_nvml::DEFAULT_SYSFS_ROOT)]
+    pub sysfs_root: PathBuf,
 }
 
 /// A simulated node this process is using.
@@ -61,7 +65,7 @@ pub fn describe(library: &Library, simulation: Option<&Simulation>) -> String {
 /// environment variable).
 pub fn open(args: &GpuArgs) -> Result<Opened> {
     let (library, simulation) = prepare(args)?;
-    let gpus = Gpus::open(library)?;
+    let gpus = Gpus::open(library)?.with_sysfs_root(&args.sysfs_root);
     Ok(Opened { gpus, simulation })
 }
 

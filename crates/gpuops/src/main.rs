@@ -4,7 +4,6 @@
 
 mod cmd;
 mod gpu_source;
-mod http;
 mod mig_apply;
 mod output;
 

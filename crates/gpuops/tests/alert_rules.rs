@@ -34,6 +34,15 @@ const CONTRACT: &[&str] = &[
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_SM_OCCUPANCY",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    "DCGM_FI_PROF_NVLINK_RX_BYTES",
     "gpuops_xid_errors_total",
     "gpuops_device_healthy",
     "gpuops_device_allocated",
@@ -260,7 +269,23 @@ fn promql_metric_names(expr: &str) -> Vec<String> {
         if matches!(c, '"' | '\'' | '`') {
             i = skip_string(i);
         } else if c == '{' {
-            i = skip_to(i, '}');
+            // Label matchers, which may hold Grafana's `${name}` (nested braces).
+            let mut depth = 0;
+            while i < chars.len() {
+                match chars[i] {
+                    '"' | '\'' | '`' => {
+                        i = skip_string(i);
+                        continue;
+                    }
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                i += 1;
+                if depth == 0 {
+                    break;
+                }
+            }
         } else if c == '[' {
             i = skip_to(i, ']');
         } else if c == '$' {
@@ -338,6 +363,10 @@ fn dashboard_exprs(dashboard: &Value) -> Vec<(String, String)> {
             .as_str()
             .or_else(|| var["query"].as_str())
             .expect("query variable has a query");
+        // The node label's spelling: a list of label names, no series selector.
+        if query == "label_names()" {
+            continue;
+        }
         let selector = query
             .strip_prefix("label_values(")
             .and_then(|q| q.strip_suffix(')'))
@@ -371,6 +400,12 @@ fn promql_metric_names_finds_only_metrics() {
         promql_metric_names("rate(x[$__rate_interval]) * on (g) group_left (h) y"),
         ["x", "y"]
     );
+    assert_eq!(
+        promql_metric_names(
+            "max by (${node_label}, gpu) (x{${node_label}=~\"$node\", GPU_I_ID=\"\"}) and z == 1"
+        ),
+        ["x", "z"]
+    );
 }
 
 #[test]
@@ -390,6 +425,12 @@ fn rules_and_dashboard_use_only_contract_metrics() {
         let expr = rule["expr"].as_str().expect("every rule has an expr");
         let names = promql_metric_names(expr);
         assert!(!names.is_empty(), "rule {name}: no metric in {expr}");
+        // Behind the Prometheus Operator every series has a pod label (the agent's target
+        // labels): allocation is gpuops_device_allocated == 1, never a pod label being set.
+        assert!(
+            !expr.contains("pod!=\"\""),
+            "rule {name} keys on pod!=\"\": {expr}"
+        );
         for metric in names {
             if !known(&metric) {
                 unknown
@@ -406,6 +447,10 @@ fn rules_and_dashboard_use_only_contract_metrics() {
     for (place, expr) in dashboard_exprs(&dash) {
         let names = promql_metric_names(&expr);
         assert!(!names.is_empty(), "{place}: no metric in {expr}");
+        assert!(
+            !place.starts_with("panel") || !expr.contains("pod!=\"\""),
+            "{place} keys on pod!=\"\" instead of gpuops_device_allocated == 1: {expr}"
+        );
         for metric in names {
             if !known(&metric) {
                 unknown
@@ -462,7 +507,7 @@ fn dashboard_is_valid_and_its_queries_parse() {
         .collect();
     assert_eq!(vars["datasource"]["type"], "datasource");
     assert_eq!(vars["datasource"]["query"], "prometheus");
-    for name in ["Hostname", "gpu", "namespace", "pod"] {
+    for name in ["node_label", "node", "gpu", "namespace", "pod"] {
         assert!(
             vars.contains_key(name),
             "template variable {name} is missing"
@@ -487,23 +532,51 @@ fn dashboard_is_valid_and_its_queries_parse() {
     }
     assert_eq!(rows, ["Node", "GPU", "MIG", "Pods"]);
 
-    // Let promtool parse every query: Grafana variables become what they expand to.
+    // The node variable lists whichever spelling of the node label the series carry.
+    let node_label = vars["node_label"];
+    assert_eq!(node_label["query"]["query"], "label_names()");
+    let pick = regex_lite(node_label["regex"].as_str().unwrap());
+    assert!(pick("hostname") && pick("Hostname") && !pick("hostname_x") && !pick("gpu"));
+
+    // Let promtool parse every query, with either spelling of the node label: Grafana variables
+    // become what they expand to.
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
-    for (n, (_place, expr)) in dashboard_exprs(&dash).into_iter().enumerate() {
-        let expr = expr
-            .replace("$__rate_interval", "5m")
-            .replace("$__range", "1h")
-            .replace("$Hostname", ".*")
-            .replace("$gpu", ".*")
-            .replace("$namespace", ".*")
-            .replace("$pod", ".*");
-        let quoted = serde_json::to_string(&expr).unwrap();
-        rules.push_str(&format!(
-            "      - record: dashboard:expr{n}\n        expr: {quoted}\n"
-        ));
+    let mut n = 0;
+    for spelling in ["hostname", "Hostname"] {
+        for (_place, expr) in dashboard_exprs(&dash) {
+            assert!(
+                !expr.contains("Hostname") && !expr.contains("hostname"),
+                "the dashboard spells the node label only through ${{node_label}}: {expr}"
+            );
+            let expr = expr
+                .replace("${node_label}", spelling)
+                .replace("$__rate_interval", "5m")
+                .replace("$__range", "1h")
+                .replace("$node", ".*")
+                .replace("$gpu", ".*")
+                .replace("$namespace", ".*")
+                .replace("$pod", ".*");
+            let quoted = serde_json::to_string(&expr).unwrap();
+            rules.push_str(&format!(
+                "      - record: dashboard:expr{n}\n        expr: {quoted}\n"
+            ));
+            n += 1;
+        }
     }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dashboard-queries.yaml");
     std::fs::write(&file, &rules).unwrap();
     promtool(&["check", "rules", file.to_str().unwrap()]);
+}
+
+/// The dashboard's `/^(a|b)$/` variable regex as a predicate (the only form it uses).
+fn regex_lite(re: &str) -> impl Fn(&str) -> bool {
+    let alternatives: Vec<String> = re
+        .strip_prefix("/^(")
+        .and_then(|r| r.strip_suffix(")$/"))
+        .unwrap_or_else(|| panic!("unexpected variable regex {re}"))
+        .split('|')
+        .map(str::to_owned)
+        .collect();
+    move |name: &str| alternatives.iter().any(|a| a == name)
 }

@@ -18,9 +18,16 @@ struct Served {
 
 impl Served {
     fn start(dir: &Path, args: &[&str]) -> Served {
+        Served::start_with(dir, args, |_| {})
+    }
+
+    /// The same with the command adjusted first (its environment, say).
+    fn start_with(dir: &Path, args: &[&str], adjust: impl FnOnce(&mut Command)) -> Served {
         let log = dir.join(format!("exporter-{}.log", args.join("-").len()));
         let out = std::fs::File::create(&log).unwrap();
-        let child = common::gpuops()
+        let mut command = common::gpuops();
+        adjust(&mut command);
+        let child = command
             .args(args)
             .stdout(Stdio::from(out.try_clone().unwrap()))
             .stderr(Stdio::from(out))
@@ -220,7 +227,7 @@ fn the_exporter_serves_dcgm_metrics_with_dcgm_labels_that_promtool_accepts() {
             "pci_bus_id",
             "device",
             "modelName",
-            "Hostname",
+            "hostname",
             "DCGM_FI_DRIVER_VERSION"
         ],
         "dcgm-exporter's label order: {}",
@@ -228,7 +235,7 @@ fn the_exporter_serves_dcgm_metrics_with_dcgm_labels_that_promtool_accepts() {
     );
     assert!(
         temps[0].contains("modelName=\"NVIDIA H100 80GB HBM3\"")
-            && temps[0].contains("Hostname=\"gpu-node-7\"")
+            && temps[0].contains("hostname=\"gpu-node-7\"")
     );
     for metric in [
         "DCGM_FI_DEV_SM_CLOCK",
@@ -398,7 +405,7 @@ fn mig_instances_get_their_own_series_with_profile_and_instance_id() {
         "--interval",
         "300ms",
     ];
-    args.extend(["--hostname-label", "hostname"]);
+    args.extend(["--hostname-label", "Hostname"]);
     let served = Served::start(dir.path(), &args);
     let body = served.metrics();
     let instances: Vec<&str> = series(&body, "DCGM_FI_DEV_FB_FREE")
@@ -413,11 +420,11 @@ fn mig_instances_get_their_own_series_with_profile_and_instance_id() {
         instances[0]
     );
     assert!(
-        instances[0].contains(",hostname=\""),
-        "--hostname-label hostname: {}",
+        instances[0].contains(",Hostname=\""),
+        "--hostname-label Hostname (before dcgm-exporter 4.6): {}",
         instances[0]
     );
-    assert!(!body.contains("Hostname="));
+    assert!(!body.contains("hostname="));
     let util_gpus = series(&body, "DCGM_FI_DEV_GPU_UTIL");
     assert!(
         util_gpus.iter().all(|l| !l.contains("GPU_I_ID")),
@@ -562,7 +569,9 @@ fn a_real_prometheus_scrapes_the_exporter_and_sees_the_series_and_labels() {
     assert_eq!(up[0]["value"][1], "1", "{up:?}");
     let temp = &results("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"}")[0]["metric"];
     assert_eq!(temp["modelName"], "NVIDIA H200");
-    assert_eq!(temp["Hostname"], "gpu-node-7");
+    // dcgm-exporter 4.6+'s spelling by default.
+    assert_eq!(temp["hostname"], "gpu-node-7");
+    assert!(temp.get("Hostname").is_none(), "{temp}");
     assert!(temp["UUID"].as_str().unwrap().starts_with("GPU-"));
     assert_eq!(temp["device"], "nvidia0");
     assert!(
@@ -586,4 +595,128 @@ fn a_real_prometheus_scrapes_the_exporter_and_sees_the_series_and_labels() {
     let fb = results("sum(DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE + DCGM_FI_DEV_FB_RESERVED)");
     let total: f64 = fb[0]["value"][1].as_str().unwrap().parse().unwrap();
     assert_eq!(total, 8.0 * 143771.0, "8x H200 total MiB");
+}
+
+#[test]
+fn gpm_profiling_fields_follow_the_simulated_load_and_gpus_without_gpm_have_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let served = exporter(&state, "dgx-h100", &[]);
+    let of = |body: &str, metric: &str, gpu: &str| -> Option<f64> {
+        series(body, metric)
+            .into_iter()
+            .find(|l| l.contains(&format!("gpu=\"{gpu}\"")))
+            .map(value)
+    };
+    // The second collection has an interval to report: every H100 idle.
+    let body = served.metrics_until("GPM series", |b| {
+        series(b, "DCGM_FI_PROF_GR_ENGINE_ACTIVE").len() == 8
+    });
+    assert!(
+        body.contains("# TYPE DCGM_FI_PROF_PIPE_TENSOR_ACTIVE gauge\n"),
+        "{body}"
+    );
+    for metric in [
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    ] {
+        assert_eq!(of(&body, metric, "3"), Some(0.0), "{metric} idle");
+    }
+    assert_eq!(promtool_findings(&body), Vec::<String>::new());
+
+    sim(
+        &state,
+        &["load", "--gpu", "3", "--util", "90", "--mem-util", "40"],
+    );
+    let body = served.metrics_until("GPU 3 busy", |b| {
+        of(b, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "3").is_some_and(|v| (v - 0.9).abs() < 1e-6)
+    });
+    assert!((of(&body, "DCGM_FI_PROF_DRAM_ACTIVE", "3").unwrap() - 0.4).abs() < 1e-6);
+    assert!(of(&body, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "3").unwrap() > 0.0);
+    assert!(of(&body, "DCGM_FI_PROF_PCIE_RX_BYTES", "3").unwrap() > 1e9);
+    assert_eq!(of(&body, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "2"), Some(0.0));
+    drop(served);
+
+    // Ampere has no GPM: no profiling series at all, never zeros.
+    let state = dir.path().join("a100");
+    let served = exporter(&state, "dgx-a100", &[]);
+    let body = served.metrics_until("a few collections", |b| {
+        series(b, "gpuops_collections_total")
+            .first()
+            .is_some_and(|l| value(l) >= 3.0)
+    });
+    assert!(!body.contains("DCGM_FI_PROF_"), "{body}");
+}
+
+#[test]
+fn dcgm_exporters_env_vars_configure_the_exporter_and_bad_ones_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let args = [
+        "exporter",
+        "--simulate",
+        "l4x4",
+        "--sim-state",
+        state.to_str().unwrap(),
+        "--node-name",
+        "gpu-node-7",
+    ];
+    // As dcgm-exporter's DaemonSet sets them: Go's ":port" form and milliseconds.
+    let mut served = Served::start_with(dir.path(), &args, |c| {
+        c.env_remove("GPUOPS_METRICS_ADDRESS")
+            .env("DCGM_EXPORTER_LISTEN", format!(":{port}"))
+            .env("DCGM_EXPORTER_INTERVAL", "250")
+            .env("DCGM_EXPORTER_KUBERNETES", "false")
+            .env(
+                "DCGM_POD_RESOURCES_KUBELET_SOCKET",
+                "/nonexistent/kubelet.sock",
+            )
+            .env(
+                "DCGM_EXPORTER_COLLECTORS",
+                "/etc/dcgm-exporter/dcp-metrics-included.csv",
+            );
+    });
+    let line = served.wait_for_line("metrics        http://");
+    assert!(
+        line.contains(&format!("0.0.0.0:{port}/metrics")) && line.contains("every 250ms"),
+        "{line}"
+    );
+    served.wait_for_line("DCGM_EXPORTER_COLLECTORS is ignored");
+    served.address = format!("127.0.0.1:{port}");
+    let body = served.metrics_until("collections every 250 ms", |b| {
+        series(b, "gpuops_collections_total")
+            .first()
+            .is_some_and(|l| value(l) >= 3.0)
+    });
+    assert!(body.contains("hostname=\"gpu-node-7\""));
+    assert!(
+        !served.log().contains("pod attribution"),
+        "DCGM_EXPORTER_KUBERNETES=false: no pod mapping: {}",
+        served.log()
+    );
+    drop(served);
+    // A value dcgm-exporter would take differently is refused, naming the variable.
+    let o = common::gpuops()
+        .args(args)
+        .env("DCGM_EXPORTER_INTERVAL", "30s")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let text = common::text(&o);
+    assert!(
+        text.contains("DCGM_EXPORTER_INTERVAL=\"30s\"") && text.contains("milliseconds"),
+        "{text}"
+    );
 }

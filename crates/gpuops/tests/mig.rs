@@ -658,3 +658,60 @@ fn a_crash_between_creating_a_gpu_instance_and_its_compute_instance_is_cleaned_u
     );
     assert!(node.layouts().iter().all(|l| counts(l, "1g.10gb") == 7));
 }
+
+/// NVIDIA's published default config (mig-parted v0.15.0), unchanged.
+const NVIDIA_DEFAULT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../mig/tests/fixtures/nvidia-mig-parted-v0.15.0-config-default.yaml"
+);
+
+#[test]
+fn validate_with_a_forced_gpu_skips_entries_whose_device_filter_does_not_select_it() {
+    // all-balanced has one entry per model; only the H100/A100-80GB one is meant for an H100.
+    let o = run(&[
+        "mig",
+        "validate",
+        "-f",
+        NVIDIA_DEFAULT,
+        "-c",
+        "all-balanced",
+        "--gpu",
+        "H100-SXM5-80GB",
+    ]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(!out.contains("FAIL"), "{out}");
+    let ok: Vec<&str> = out.lines().filter(|l| l.starts_with("ok ")).collect();
+    assert_eq!(ok.len(), 1, "{out}");
+    assert!(
+        ok[0].contains("2x 1g.10gb + 1x 2g.20gb + 1x 3g.40gb"),
+        "{out}"
+    );
+    assert!(
+        out.contains("skip  all-balanced entry 1 (line ")
+            && out.contains("device-filter 0x294110DE does not select H100-SXM5-80GB"),
+        "{out}"
+    );
+    assert!(
+        out.contains("12 entries: 1 ok, 11 skipped (device-filter), 0 failed"),
+        "{out}"
+    );
+    // An entry without a filter still applies to the forced model, and still fails when it
+    // does not fit.
+    let o = run(&[
+        "mig",
+        "validate",
+        "-f",
+        NVIDIA_DEFAULT,
+        "-c",
+        "all-1g.24gb.gfx",
+        "--gpu",
+        "H100-SXM5-80GB",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("FAIL  all-1g.24gb.gfx entry 1"),
+        "{}",
+        text(&o)
+    );
+}

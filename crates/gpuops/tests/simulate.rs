@@ -200,6 +200,41 @@ fn bad_inputs_are_named() {
     assert!(t.contains("gpu_milli"), "{t}");
     assert!(t.contains("abc"), "{t}");
 
+    // An unterminated quote used to drop the rows after it silently; now the row is refused.
+    let quoted = dir.path().join("quoted_pods.csv");
+    std::fs::write(&quoted, PODS.replace("p3,8000", "\"p3,8000")).unwrap();
+    let o = common::run(&["simulate", "--nodes", s(&nodes), "--pods", s(&quoted)]);
+    assert!(!o.status.success());
+    let t = common::text(&o);
+    assert!(
+        t.contains(&format!(
+            "{}:5: column name: a quoted value runs past",
+            quoted.display()
+        )),
+        "{t}"
+    );
+    // So is a row with a column too few.
+    let short = dir.path().join("short_pods.csv");
+    std::fs::write(
+        &short,
+        PODS.replace("p5,1000,2048,0,0,,LS,", "p5,1000,2048,0,0,LS,"),
+    )
+    .unwrap();
+    let t = common::text(&common::run(&[
+        "simulate",
+        "--nodes",
+        s(&nodes),
+        "--pods",
+        s(&short),
+    ]));
+    assert!(
+        t.contains(&format!(
+            "{}:7: row has 10 fields, header has 11",
+            short.display()
+        )),
+        "{t}"
+    );
+
     let bad_nodes = dir.path().join("bad_nodes.csv");
     std::fs::write(&bad_nodes, "sn,cpu_milli,memory_mib,gpu\nn0,1,1,1\n").unwrap();
     let t = common::text(&common::run(&[

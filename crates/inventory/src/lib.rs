@@ -58,6 +58,10 @@ pub struct Gpu {
     /// Full 32-bit `pciDeviceId` (device << 16 | vendor), e.g. `0x233010DE`.
     pub pci_device_id: u32,
     pub pci_subsystem_id: u32,
+    /// PCI class code (`0x030200` 3D controller = compute mode, `0x030000` VGA = graphics mode);
+    /// `None` when neither NVML nor sysfs told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_class: Option<u32>,
     /// `/dev/nvidiaN`'s N.
     pub minor_number: Option<u32>,
     pub serial: Option<String>,
@@ -75,6 +79,10 @@ pub struct Gpu {
     /// Compute processes, with the MIG device they run in.
     pub processes: Vec<GpuProcess>,
     pub telemetry: Telemetry,
+    /// GPM activity over the interval since the previous snapshot of this GPU; `None` on GPUs
+    /// without GPM (before Hopper) and on the first snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<Activity>,
     pub health: Health,
 }
 
@@ -106,7 +114,7 @@ pub struct MigState {
 }
 
 /// One MIG device: a compute instance inside a GPU instance.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct MigDevice {
     /// `MIG-…`.
     pub uuid: String,
@@ -130,6 +138,10 @@ pub struct MigDevice {
     /// could not be read. Only the used and free figures vary between snapshots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fb: Option<Memory>,
+    /// GPM activity of this device's GPU instance since the previous snapshot (shared by the
+    /// compute instances of one GPU instance: NVML samples per GPU instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<Activity>,
 }
 
 /// One active NVLink and what is at its other end.
@@ -178,6 +190,27 @@ pub struct Telemetry {
     pub mem_clock_mhz: Option<u32>,
     pub pcie_replay_counter: Option<u32>,
     pub remapped_rows: Option<RemappedRows>,
+}
+
+/// What the GPU's engines did over an interval, from NVML's GPM metrics (DCGM's profiling fields):
+/// ratios 0-1 of the interval, rates in bytes per second. `None` for a metric the GPU does not
+/// report (NVLink on a GPU without it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct Activity {
+    /// The graphics/compute engine was busy (`DCGM_FI_PROF_GR_ENGINE_ACTIVE`).
+    pub gr_engine_active: Option<f64>,
+    /// SMs had at least one warp assigned (`DCGM_FI_PROF_SM_ACTIVE`).
+    pub sm_active: Option<f64>,
+    /// Resident warps against the SMs' maximum (`DCGM_FI_PROF_SM_OCCUPANCY`).
+    pub sm_occupancy: Option<f64>,
+    /// Tensor pipes busy (`DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`).
+    pub tensor_active: Option<f64>,
+    /// Device memory interface busy (`DCGM_FI_PROF_DRAM_ACTIVE`).
+    pub dram_active: Option<f64>,
+    pub pcie_tx_bytes_per_second: Option<f64>,
+    pub pcie_rx_bytes_per_second: Option<f64>,
+    pub nvlink_tx_bytes_per_second: Option<f64>,
+    pub nvlink_rx_bytes_per_second: Option<f64>,
 }
 
 /// Row-remapping state (NVML field values 142-145).

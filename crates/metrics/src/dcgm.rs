@@ -5,7 +5,7 @@
 //! dashboards query). A value the GPU does not report is skipped, never written as a sentinel.
 
 use crate::text::{Kind, Value};
-use gpuops_inventory::{Gpu, MigDevice};
+use gpuops_inventory::{Activity, Gpu, MigDevice};
 
 /// One DCGM field exported as a metric family.
 pub struct Field {
@@ -25,6 +25,16 @@ fn int(v: Option<u32>) -> Option<Value> {
 /// The GPU's framebuffer figures, unless it could not be read (lost GPUs read as all zero).
 fn fb(g: &Gpu) -> Option<&gpuops_inventory::Memory> {
     Some(&g.memory).filter(|m| m.total_mib > 0)
+}
+
+/// One GPM figure of a GPU (`None` on GPUs without GPM and before the second collection).
+fn gpm(g: &Gpu, f: fn(&Activity) -> Option<f64>) -> Option<Value> {
+    g.activity.as_ref().and_then(f).map(Value::Float)
+}
+
+/// The same figure of a MIG instance (NVML samples it per GPU instance).
+fn gpm_mig(m: &MigDevice, f: fn(&Activity) -> Option<f64>) -> Option<Value> {
+    m.activity.as_ref().and_then(f).map(Value::Float)
 }
 
 /// The value of `DCGM_FI_DEV_XID_ERRORS`; written by the renderer from the XID counters.
@@ -163,5 +173,69 @@ pub const FIELDS: &[Field] = &[
                 .map(|r| Value::Int(u64::from(r.failure)))
         },
         mig: None,
+    },
+    // Profiling (DCP) fields of dcp-metrics-included.csv, from NVML's GPM metrics (Hopper and newer).
+    Field {
+        name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        kind: Kind::Gauge,
+        help: "Ratio of time the graphics engine is active.",
+        gpu: |g| gpm(g, |a| a.gr_engine_active),
+        mig: Some(|m| gpm_mig(m, |a| a.gr_engine_active)),
+    },
+    Field {
+        name: "DCGM_FI_PROF_SM_ACTIVE",
+        kind: Kind::Gauge,
+        help: "The ratio of cycles an SM has at least 1 warp assigned.",
+        gpu: |g| gpm(g, |a| a.sm_active),
+        mig: Some(|m| gpm_mig(m, |a| a.sm_active)),
+    },
+    Field {
+        name: "DCGM_FI_PROF_SM_OCCUPANCY",
+        kind: Kind::Gauge,
+        help: "The ratio of number of warps resident on an SM.",
+        gpu: |g| gpm(g, |a| a.sm_occupancy),
+        mig: Some(|m| gpm_mig(m, |a| a.sm_occupancy)),
+    },
+    Field {
+        name: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        kind: Kind::Gauge,
+        help: "Ratio of cycles the tensor (HMMA) pipe is active.",
+        gpu: |g| gpm(g, |a| a.tensor_active),
+        mig: Some(|m| gpm_mig(m, |a| a.tensor_active)),
+    },
+    Field {
+        name: "DCGM_FI_PROF_DRAM_ACTIVE",
+        kind: Kind::Gauge,
+        help: "Ratio of cycles the device memory interface is active sending or receiving data.",
+        gpu: |g| gpm(g, |a| a.dram_active),
+        mig: Some(|m| gpm_mig(m, |a| a.dram_active)),
+    },
+    Field {
+        name: "DCGM_FI_PROF_PCIE_TX_BYTES",
+        kind: Kind::Gauge,
+        help: "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+        gpu: |g| gpm(g, |a| a.pcie_tx_bytes_per_second),
+        mig: Some(|m| gpm_mig(m, |a| a.pcie_tx_bytes_per_second)),
+    },
+    Field {
+        name: "DCGM_FI_PROF_PCIE_RX_BYTES",
+        kind: Kind::Gauge,
+        help: "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+        gpu: |g| gpm(g, |a| a.pcie_rx_bytes_per_second),
+        mig: Some(|m| gpm_mig(m, |a| a.pcie_rx_bytes_per_second)),
+    },
+    Field {
+        name: "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        kind: Kind::Gauge,
+        help: "The number of bytes of active NvLink tx (transmit) data including both header and payload.",
+        gpu: |g| gpm(g, |a| a.nvlink_tx_bytes_per_second),
+        mig: Some(|m| gpm_mig(m, |a| a.nvlink_tx_bytes_per_second)),
+    },
+    Field {
+        name: "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        kind: Kind::Gauge,
+        help: "The number of bytes of active NvLink rx (read) data including both header and payload.",
+        gpu: |g| gpm(g, |a| a.nvlink_rx_bytes_per_second),
+        mig: Some(|m| gpm_mig(m, |a| a.nvlink_rx_bytes_per_second)),
     },
 ];

@@ -6,11 +6,13 @@
 #![forbid(unsafe_code)]
 
 pub mod dcgm;
+pub mod dcgm_env;
 pub mod pods;
 pub mod render;
 pub mod text;
 pub mod xids;
 
+pub use dcgm_env::{DcgmExporterEnv, EnvError};
 pub use pods::{Assignment, PodMap, PodRef};
 pub use render::{AgentStats, HostnameLabel, NodeView, render, render_scrapes};
 pub use xids::XidCounters;

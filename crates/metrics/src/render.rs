@@ -6,11 +6,12 @@ use crate::text::{Kind, Value, header, push_label, sample};
 use crate::xids::XidCounters;
 use gpuops_inventory::{Gpu, Health, Inventory, MigDevice};
 
-/// How the node label is spelled: dcgm-exporter wrote `Hostname` until 4.6, `hostname` since.
+/// How the node label is spelled: dcgm-exporter wrote `Hostname` until 4.6, `hostname` since
+/// (what the GPU Operator ships now, so the default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HostnameLabel {
-    #[default]
     Upper,
+    #[default]
     Lower,
 }
 
@@ -561,6 +562,52 @@ mod tests {
         let healthy = lines(&text, "gpuops_device_healthy");
         assert!(healthy[0].contains("UUID=\"GPU-0\"") && healthy[0].ends_with(" 0"));
         assert!(healthy[1].ends_with(" 1"));
+    }
+
+    #[test]
+    fn gpm_activity_becomes_dcgm_profiling_fields_per_gpu_and_mig_instance() {
+        let mut inv = node();
+        let busy = gpuops_inventory::Activity {
+            gr_engine_active: Some(0.75),
+            sm_active: Some(0.5),
+            sm_occupancy: Some(0.25),
+            tensor_active: Some(0.125),
+            dram_active: Some(0.3),
+            pcie_tx_bytes_per_second: Some(1024.0),
+            pcie_rx_bytes_per_second: Some(2048.0),
+            nvlink_tx_bytes_per_second: None,
+            nvlink_rx_bytes_per_second: None,
+        };
+        inv.gpus[0].activity = Some(busy);
+        inv.gpus[1].mig_devices[0].activity = Some(gpuops_inventory::Activity {
+            gr_engine_active: Some(0.5),
+            ..busy
+        });
+        let unhealthy = |_: u32, _: Option<(u32, u32)>| None;
+        let text = render(&NodeView {
+            inventory: &inv,
+            hostname: "node-1",
+            hostname_label: HostnameLabel::Lower,
+            pods: &PodMap::default(),
+            xids: &XidCounters::default(),
+            unhealthy: &unhealthy,
+            capacity: 3,
+            agent: AgentStats::default(),
+        });
+        assert!(text.contains("# HELP DCGM_FI_PROF_GR_ENGINE_ACTIVE Ratio of time the graphics engine is active.\n# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge\n"));
+        let gr = lines(&text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE");
+        assert_eq!(
+            gr.len(),
+            2,
+            "GPU 0 and the MIG instance; GPU 1 itself has none: {gr:#?}"
+        );
+        assert!(gr[0].contains("gpu=\"0\"") && gr[0].ends_with(" 0.75"));
+        assert!(gr[1].contains("GPU_I_ID=\"9\"") && gr[1].ends_with(" 0.5"));
+        assert!(lines(&text, "DCGM_FI_PROF_PCIE_RX_BYTES")[0].ends_with(" 2048"));
+        assert!(
+            !text.contains("DCGM_FI_PROF_NVLINK_TX_BYTES"),
+            "no GPU reports NVLink: no family"
+        );
     }
 
     #[test]

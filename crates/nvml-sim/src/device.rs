@@ -173,6 +173,45 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     })
 }
 
+/// `NVML_STRUCT_VERSION(PciInfoExt, 1)`.
+fn pci_info_ext_version() -> u32 {
+    (std::mem::size_of::<nvmlPciInfoExt_v1_t>() as u32) | (1 << 24)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfoExt(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfoExt_t,
+) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetPciInfoExt");
+    query(device, |t| {
+        if pci.is_null() {
+            return Err(NvmlCode::InvalidArgument);
+        }
+        // SAFETY: non-null; the caller sets `version` before the call (NVML contract).
+        let version = unsafe { std::ptr::addr_of!((*pci).version).read() };
+        if version != pci_info_ext_version() {
+            return Err(NvmlCode::ArgumentVersionMismatch);
+        }
+        let base = pci_info(t.gpu);
+        let class = t.gpu.pci_class();
+        let mut info = nvmlPciInfoExt_v1_t {
+            version,
+            domain: base.domain,
+            bus: base.bus,
+            device: base.device,
+            pciDeviceId: base.pciDeviceId,
+            pciSubSystemId: base.pciSubSystemId,
+            baseClass: (class >> 16) & 0xFF,
+            subClass: (class >> 8) & 0xFF,
+            busId: [0; 32],
+        };
+        fill_str(&mut info.busId, &t.gpu.pci_bus_id());
+        // SAFETY: NVML contract: `pci` is a valid out-pointer (checked non-null above).
+        unsafe { put(pci, info) }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
     device: nvmlDevice_t,

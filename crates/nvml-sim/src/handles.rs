@@ -9,6 +9,7 @@ const TAG_MIG: usize = 0x6702;
 const TAG_GI: usize = 0x6703;
 const TAG_CI: usize = 0x6704;
 const TAG_EVENT_SET: usize = 0x6705;
+const TAG_GPM_SAMPLE: usize = 0x6706;
 
 /// What an NVML handle refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +19,7 @@ pub enum Handle {
     GpuInstance { gpu: u32, gi: u32 },
     ComputeInstance { gpu: u32, gi: u32, ci: u32 },
     EventSet { id: u64 },
+    GpmSample { id: u64 },
     Invalid,
 }
 
@@ -36,6 +38,7 @@ pub fn encode(handle: Handle) -> usize {
         Handle::GpuInstance { gpu, gi } => pack(TAG_GI, gpu, gi, 0),
         Handle::ComputeInstance { gpu, gi, ci } => pack(TAG_CI, gpu, gi, ci),
         Handle::EventSet { id } => (TAG_EVENT_SET << TAG_SHIFT) | (id as usize & 0xFF_FFFF_FFFF),
+        Handle::GpmSample { id } => (TAG_GPM_SAMPLE << TAG_SHIFT) | (id as usize & 0xFF_FFFF_FFFF),
         Handle::Invalid => 0,
     }
 }
@@ -51,6 +54,9 @@ pub fn decode(value: usize) -> Handle {
         TAG_GI if ci == 0 => Handle::GpuInstance { gpu, gi },
         TAG_CI => Handle::ComputeInstance { gpu, gi, ci },
         TAG_EVENT_SET => Handle::EventSet {
+            id: (value & 0xFF_FFFF_FFFF) as u64,
+        },
+        TAG_GPM_SAMPLE => Handle::GpmSample {
             id: (value & 0xFF_FFFF_FFFF) as u64,
         },
         _ => Handle::Invalid,
@@ -86,6 +92,7 @@ mod tests {
                 ci: 4,
             },
             Handle::EventSet { id: 42 },
+            Handle::GpmSample { id: 7 },
         ] {
             assert_eq!(decode(encode(h)), h);
         }

@@ -9,6 +9,7 @@
 
 mod device;
 mod events;
+mod gpm;
 mod handles;
 mod mig;
 mod system;
@@ -28,6 +29,9 @@ struct Driver {
     cache: Option<(Fingerprint, Arc<SimState>)>,
     event_sets: HashMap<u64, events::EventSet>,
     next_event_set: u64,
+    /// Allocated GPM samples (`None` until `nvmlGpmSampleGet` fills one).
+    gpm_samples: HashMap<u64, Option<gpm::Sample>>,
+    next_gpm_sample: u64,
 }
 
 static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);

@@ -37,6 +37,8 @@ fn init(flags: c_uint) -> Result<(), NvmlCode> {
         cache: None,
         event_sets: Default::default(),
         next_event_set: 1,
+        gpm_samples: Default::default(),
+        next_gpm_sample: 1,
     });
     Ok(())
 }

@@ -6,6 +6,7 @@
 
 mod error;
 mod events;
+mod gpm;
 mod mig;
 mod raw;
 mod snapshot;
@@ -19,6 +20,9 @@ use nvml_wrapper::Nvml;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+/// Where sysfs is read by default.
+pub const DEFAULT_SYSFS_ROOT: &str = "/sys";
 
 /// Where the NVML library comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +51,20 @@ pub struct Gpus {
     last_seen: Mutex<HashMap<u32, (String, String)>>,
     /// GI profiles per GPU: immutable for the lifetime of a MIG mode (nvml.h), so read once.
     gi_profiles: Mutex<HashMap<u32, Vec<GiProfileInfo>>>,
+    /// Where sysfs is mounted (`/sys`; a host mount in a container), for the PCI class on drivers
+    /// without `nvmlDeviceGetPciInfoExt`.
+    sysfs_root: PathBuf,
+    /// The previous snapshot's GPM samples (activity is the difference to the next).
+    gpm: Mutex<gpm::GpmState>,
+}
+
+impl Drop for Gpus {
+    fn drop(&mut self) {
+        // Samples are driver buffers: give them back before `nvml` shuts the library down.
+        if let Ok(mut state) = self.gpm.lock() {
+            state.free_all(&self.nvml);
+        }
+    }
 }
 
 impl std::fmt::Debug for Gpus {
@@ -74,7 +92,15 @@ impl Gpus {
             library,
             last_seen: Mutex::new(HashMap::new()),
             gi_profiles: Mutex::new(HashMap::new()),
+            sysfs_root: PathBuf::from(DEFAULT_SYSFS_ROOT),
+            gpm: Mutex::new(gpm::GpmState::default()),
         })
+    }
+
+    /// Reads sysfs under `root` instead of `/sys` (e.g. a host's sysfs mounted into a container).
+    pub fn with_sysfs_root(mut self, root: impl Into<PathBuf>) -> Gpus {
+        self.sysfs_root = root.into();
+        self
     }
 
     /// The library this was loaded from.

@@ -325,3 +325,15 @@ pub fn event_wait(
     check("nvmlEventSetWait", None, code)?;
     Ok(Some(data))
 }
+
+/// The PCI class code (`baseClass << 16 | subClass << 8`) from `nvmlDeviceGetPciInfoExt` (R535+).
+pub fn pci_class(lib: &NvmlLib, dev: nvmlDevice_t, gpu: Option<u32>) -> Result<u32, NvmlError> {
+    let f = sym!(lib, nvmlDeviceGetPciInfoExt, gpu);
+    // SAFETY: all-zero is a valid value for this plain C struct (integers and a char array).
+    let mut info: nvmlPciInfoExt_t = unsafe { std::mem::zeroed() };
+    // NVML_STRUCT_VERSION(PciInfoExt, 1): the driver checks it against the layout it knows.
+    info.version = (std::mem::size_of::<nvmlPciInfoExt_v1_t>() as u32) | (1 << 24);
+    // SAFETY: `dev` came from this library; `info` is a valid out-pointer with `version` set.
+    check("nvmlDeviceGetPciInfoExt", gpu, unsafe { f(dev, &mut info) })?;
+    Ok(((info.baseClass & 0xFF) << 16) | ((info.subClass & 0xFF) << 8))
+}

@@ -14,6 +14,7 @@ use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::struct_wrappers::device::FieldValueSample;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper_sys::bindings::field_id::*;
+use std::path::Path;
 
 const MIB: u64 = 1024 * 1024;
 /// `NVML_NVLINK_MAX_LINKS`.
@@ -188,6 +189,14 @@ impl Gpus {
             gpu: index,
             warnings,
         };
+        let pci_class = match raw::pci_class(self.nvml.lib(), raw::handle(&d), gpu) {
+            Ok(class) => Some(class),
+            // Drivers before R535 lack the call: read what the kernel shows, as GFD does.
+            Err(NvmlError::NotSupported { .. }) => sysfs_pci_class(&self.sysfs_root, &pci.bus_id),
+            Err(e) => r
+                .soft(e)?
+                .or_else(|| sysfs_pci_class(&self.sysfs_root, &pci.bus_id)),
+        };
         let mem = d
             .memory_info()
             .map_err(|e| call("nvmlDeviceGetMemoryInfo", gpu, e))?;
@@ -216,10 +225,25 @@ impl Gpus {
                 MigState::default()
             }
         };
-        let mig_devices = if mig.current_enabled {
+        let mut mig_devices = if mig.current_enabled {
             self.mig_devices(&d, index, memory.total_mib, &mut r)?
         } else {
             Vec::new()
+        };
+        let activity = if live {
+            let mut gis: Vec<(u32, u32, u32)> = mig_devices
+                .iter()
+                .map(|m| (m.gi_id, m.gi_profile_id, m.placement_start))
+                .collect();
+            gis.dedup();
+            let sampled =
+                crate::gpm::sample_gpu(&self.nvml, &self.gpm, &d, index, &uuid, &gis, r.warnings)?;
+            for m in &mut mig_devices {
+                m.activity = sampled.instances.get(&m.gi_id).copied();
+            }
+            sampled.gpu
+        } else {
+            None
         };
         Ok(Gpu {
             index,
@@ -229,6 +253,7 @@ impl Gpus {
             pci_bus_id: pci.bus_id.clone(),
             pci_device_id: pci.pci_device_id,
             pci_subsystem_id: pci.pci_sub_system_id.unwrap_or(0),
+            pci_class,
             minor_number: r.opt("nvmlDeviceGetMinorNumber", d.minor_number())?,
             serial: r.opt("nvmlDeviceGetSerial", d.serial())?,
             memory,
@@ -268,6 +293,7 @@ impl Gpus {
             } else {
                 Telemetry::default()
             },
+            activity,
             health: Health::Healthy,
         })
     }
@@ -360,6 +386,7 @@ impl Gpus {
             gi_slices,
             ci_slices: ci_profile.sliceCount,
             fb,
+            activity: None,
         })
     }
 
@@ -444,6 +471,18 @@ impl Gpus {
         }
         links
     }
+}
+
+/// `<root>/bus/pci/devices/0000:18:00.0/class` (`0x030200`) for NVML's bus id `00000000:18:00.0`;
+/// `None` when the file is missing or unreadable.
+pub(crate) fn sysfs_pci_class(root: &Path, nvml_bus_id: &str) -> Option<u32> {
+    let (domain, rest) = nvml_bus_id.split_once(':')?;
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let address = format!("{domain:04x}:{}", rest.to_ascii_lowercase());
+    let text =
+        std::fs::read_to_string(root.join("bus/pci/devices").join(address).join("class")).ok()?;
+    let hex = text.trim().trim_start_matches("0x");
+    u32::from_str_radix(hex, 16).ok()
 }
 
 fn pcie_level(level: TopologyLevel) -> PcieLevel {
@@ -543,5 +582,26 @@ impl crate::GiProfileInfo {
                 .collect(),
         }
         .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysfs_pci_class_reads_the_kernels_class_file_for_an_nvml_bus_id() {
+        let root = tempfile::tempdir().unwrap();
+        let dev = root.path().join("bus/pci/devices/0000:9a:00.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("class"), "0x030000\n").unwrap();
+        assert_eq!(
+            sysfs_pci_class(root.path(), "00000000:9A:00.0"),
+            Some(0x03_00_00)
+        );
+        assert_eq!(sysfs_pci_class(root.path(), "00000000:18:00.0"), None);
+        assert_eq!(sysfs_pci_class(root.path(), "garbage"), None);
+        std::fs::write(dev.join("class"), "not hex").unwrap();
+        assert_eq!(sysfs_pci_class(root.path(), "00000000:9A:00.0"), None);
     }
 }

@@ -1193,3 +1193,196 @@ fn a_gpu_model_the_catalog_does_not_know_still_works() {
         assert!(inv.gpus[0].mig_devices[0].uuid.starts_with("MIG-"));
     });
 }
+
+#[test]
+fn the_pci_class_comes_from_the_driver_per_gpu() {
+    // GPU 0 in display mode (VGA controller), the rest as shipped (3D controller): GFD's
+    // nvidia.com/gpu.mode is read from this.
+    let text = "gpus:\n  - model: L4\n    pci-class: 0x030000\n  - model: L4\n    count: 2\n";
+    let fleet = Fleet::parse(text, "<mode>").unwrap();
+    let sim = Sim::new(&SimState::from_fleet(&fleet, now_ms()).unwrap());
+    with_gpus(&sim, |gpus| {
+        let inv = snapshot(gpus);
+        let classes: Vec<Option<u32>> = inv.gpus.iter().map(|g| g.pci_class).collect();
+        assert_eq!(
+            classes,
+            [Some(0x03_00_00), Some(0x03_02_00), Some(0x03_02_00)]
+        );
+        let labels = gpuops_labels::gfd_labels(
+            &inv,
+            &gpuops_resources::Config::default(),
+            &gpuops_labels::LabelContext::default(),
+        )
+        .unwrap();
+        assert_eq!(labels["nvidia.com/gpu.mode"], "graphics");
+    });
+}
+
+#[test]
+fn gpm_activity_is_the_load_between_two_snapshots_per_gpu_and_mig_instance() {
+    with_fleet("dgx-h100", |sim, gpus| {
+        let first = snapshot(gpus);
+        assert!(
+            first.gpus.iter().all(|g| g.activity.is_none()),
+            "one sample is not an interval yet"
+        );
+        let load = LoadChange {
+            gpu_util_pct: Some(80),
+            mem_util_pct: Some(30),
+            ..LoadChange::default()
+        };
+        sim.apply(|s| s.set_load(0, load, now_ms()));
+        // The interval that spans the change mixes idle and busy; the next one is all busy.
+        let spanning = snapshot(gpus).gpus[0].activity.unwrap();
+        let gr = spanning.gr_engine_active.unwrap();
+        assert!((0.0..=0.8).contains(&gr), "{gr}");
+        let inv = snapshot(gpus);
+        let busy = inv.gpus[0].activity.unwrap();
+        assert!(
+            (busy.gr_engine_active.unwrap() - 0.8).abs() < 1e-6,
+            "{busy:?}"
+        );
+        assert!((busy.dram_active.unwrap() - 0.3).abs() < 1e-6, "{busy:?}");
+        assert!(busy.sm_active.unwrap() > 0.0 && busy.tensor_active.unwrap() > 0.0);
+        assert!(busy.pcie_rx_bytes_per_second.unwrap() > 1e9, "{busy:?}");
+        assert!(busy.nvlink_tx_bytes_per_second.unwrap() > 1e9, "{busy:?}");
+        let idle = inv.gpus[1].activity.unwrap();
+        assert_eq!(idle.gr_engine_active, Some(0.0));
+        assert_eq!(idle.pcie_tx_bytes_per_second, Some(0.0));
+
+        // Per GPU instance (nvmlGpmMigSampleGet): busy only where a process runs.
+        gpus.set_mig_mode(2, true).unwrap();
+        let a = gpus.create_gpu_instance(2, P_1G, None).unwrap();
+        gpus.create_compute_instance(2, a, CI_1C, None).unwrap();
+        let b = gpus.create_gpu_instance(2, P_1G, None).unwrap();
+        gpus.create_compute_instance(2, b, CI_1C, None).unwrap();
+        sim.apply(|s| {
+            s.set_load(2, load, now_ms())?;
+            s.add_process(
+                2,
+                SimProcess {
+                    pid: 77,
+                    used_memory_mib: 1000,
+                    gi_id: Some(a),
+                    ci_id: Some(0),
+                },
+            )
+        });
+        snapshot(gpus);
+        let inv = snapshot(gpus);
+        let mig = &inv.gpus[2].mig_devices;
+        let of = |gi: u32| {
+            mig.iter()
+                .find(|m| m.gi_id == gi)
+                .and_then(|m| m.activity)
+                .and_then(|a| a.gr_engine_active)
+        };
+        assert!((of(a).unwrap() - 0.8).abs() < 1e-6, "{mig:#?}");
+        assert_eq!(of(b), Some(0.0));
+        let whole = inv.gpus[2].activity.unwrap().gr_engine_active.unwrap();
+        assert!(
+            (whole - 0.1).abs() < 1e-6,
+            "one busy 1g of 8 slices: {whole}"
+        );
+    });
+}
+
+#[test]
+fn gpus_without_gpm_get_no_activity() {
+    for fleet in ["dgx-a100", "l4x4"] {
+        with_fleet(fleet, |_sim, gpus| {
+            snapshot(gpus);
+            let inv = snapshot(gpus);
+            assert!(inv.gpus.iter().all(|g| g.activity.is_none()), "{fleet}");
+        });
+    }
+}
+
+#[test]
+fn the_simulated_gpm_calls_check_versions_samples_and_devices_as_nvml_does() {
+    use nvml_wrapper_sys::bindings::*;
+    with_fleet("dgx-h100", |_sim, _gpus| {
+        // The same loaded library (one driver per process), called through nvml.h's raw ABI.
+        // SAFETY: the simulator library exports these symbols with nvml.h's signatures.
+        let lib = unsafe { NvmlLib::new(common::sim_library()) }.unwrap();
+        let dev = |i: u32| {
+            let mut d: nvmlDevice_t = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; the library is initialised by `with_fleet`.
+            assert_eq!(unsafe { lib.nvmlDeviceGetHandleByIndex_v2(i, &mut d) }, 0);
+            d
+        };
+        let alloc = || {
+            let mut s: nvmlGpmSample_t = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            assert_eq!(unsafe { lib.nvmlGpmSampleAlloc(&mut s) }, 0);
+            s
+        };
+        // SAFETY (all calls below): handles came from this library, pointers are to locals.
+        unsafe {
+            let mut support = nvmlGpmSupport_t {
+                version: 0,
+                isSupportedDevice: 9,
+            };
+            assert_eq!(lib.nvmlGpmQueryDeviceSupport(dev(0), &mut support), 25);
+            support.version = NVML_GPM_SUPPORT_VERSION;
+            assert_eq!(lib.nvmlGpmQueryDeviceSupport(dev(0), &mut support), 0);
+            assert_eq!(support.isSupportedDevice, 1);
+
+            let (a, b, c) = (alloc(), alloc(), alloc());
+            let mut req: nvmlGpmMetricsGet_t = std::mem::zeroed();
+            req.version = NVML_GPM_METRICS_GET_VERSION;
+            req.numMetrics = 2;
+            req.sample1 = a;
+            req.sample2 = b;
+            req.metrics[0].metricId = nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL;
+            req.metrics[1].metricId = nvmlGpmMetricId_t_NVML_GPM_METRIC_NVDEC_0_UTIL;
+            assert_eq!(
+                lib.nvmlGpmMetricsGet(&mut req),
+                raw_codes::INVALID_ARGUMENT,
+                "unfilled samples"
+            );
+            assert_eq!(lib.nvmlGpmSampleGet(dev(0), a), 0);
+            assert_eq!(lib.nvmlGpmSampleGet(dev(1), b), 0);
+            assert_eq!(
+                lib.nvmlGpmMetricsGet(&mut req),
+                raw_codes::INVALID_ARGUMENT,
+                "two GPUs"
+            );
+            assert_eq!(lib.nvmlGpmSampleGet(dev(0), b), 0);
+            req.version = 2;
+            assert_eq!(lib.nvmlGpmMetricsGet(&mut req), 25, "version mismatch");
+            req.version = NVML_GPM_METRICS_GET_VERSION;
+            req.numMetrics = nvmlGpmMetricId_t_NVML_GPM_METRIC_MAX + 1;
+            assert_eq!(lib.nvmlGpmMetricsGet(&mut req), raw_codes::INVALID_ARGUMENT);
+            req.numMetrics = 2;
+            assert_eq!(lib.nvmlGpmMetricsGet(&mut req), 0);
+            assert_eq!(req.metrics[0].nvmlReturn, 0);
+            assert_eq!(req.metrics[0].value, 0.0, "idle");
+            assert!(!req.metrics[0].metricInfo.unit.is_null());
+            assert_eq!(
+                req.metrics[1].nvmlReturn,
+                raw_codes::NOT_SUPPORTED,
+                "per metric"
+            );
+
+            assert_eq!(
+                lib.nvmlGpmMigSampleGet(dev(0), 1, c),
+                raw_codes::NOT_SUPPORTED,
+                "MIG off"
+            );
+            assert_eq!(lib.nvmlGpmSampleFree(c), 0);
+            assert_eq!(
+                lib.nvmlGpmSampleFree(c),
+                raw_codes::INVALID_ARGUMENT,
+                "double free"
+            );
+            assert_eq!(
+                lib.nvmlGpmSampleGet(dev(0), c),
+                raw_codes::INVALID_ARGUMENT,
+                "freed"
+            );
+            assert_eq!(lib.nvmlGpmSampleFree(a), 0);
+            assert_eq!(lib.nvmlGpmSampleFree(b), 0);
+        }
+    });
+}

@@ -2,8 +2,11 @@
 //!
 //! Node files: `sn,cpu_milli,memory_mib,gpu,model`. Pod files:
 //! `name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time]`.
-//! Columns may come in any order; unknown or duplicate columns are rejected. Every error names the
-//! file, the 1-based line, the column and the offending value.
+//! Columns may come in any order; unknown or duplicate columns are rejected. Fields are read with
+//! a real CSV parser (the `csv` crate: quoted fields, `""` escapes, CRLF), and every row must
+//! have exactly the header's fields, so an unterminated quote (which would swallow the rows after
+//! it) is an error rather than lost rows. Every error names the file, the 1-based line, the
+//! column and the offending value.
 
 use crate::error::{PackingError, Result};
 use serde::Serialize;
@@ -79,8 +82,12 @@ struct Header<'a> {
 }
 
 impl<'a> Header<'a> {
-    fn parse(file: &'a str, line: &str, required: &[&str], optional: &[&str]) -> Result<Self> {
-        let names: Vec<String> = line.split(',').map(|s| s.trim().to_string()).collect();
+    fn parse(
+        file: &'a str,
+        names: Vec<String>,
+        required: &[&str],
+        optional: &[&str],
+    ) -> Result<Self> {
         for (i, n) in names.iter().enumerate() {
             if !required.contains(&n.as_str()) && !optional.contains(&n.as_str()) {
                 return Err(perr(
@@ -126,34 +133,19 @@ fn perr(file: &str, line: usize, message: String) -> PackingError {
 struct Row<'a, 'h> {
     header: &'h Header<'a>,
     line: usize,
-    fields: Vec<&'h str>,
+    fields: csv::StringRecord,
 }
 
-impl<'a, 'h> Row<'a, 'h> {
-    fn field(&self, name: &str) -> Result<Option<&'h str>> {
-        let Some(i) = self.header.index(name) else {
-            return Ok(None);
-        };
-        match self.fields.get(i) {
-            Some(v) => Ok(Some(v)),
-            None => Err(perr(
-                self.header.file,
-                self.line,
-                format!(
-                    "column {name}: missing (row has {} fields, header has {})",
-                    self.fields.len(),
-                    self.header.names.len()
-                ),
-            )),
-        }
-    }
-
-    fn str(&self, name: &str) -> Result<&'h str> {
-        Ok(self.field(name)?.unwrap_or(""))
+impl Row<'_, '_> {
+    fn str(&self, name: &str) -> &str {
+        self.header
+            .index(name)
+            .and_then(|i| self.fields.get(i))
+            .unwrap_or("")
     }
 
     fn int(&self, name: &str) -> Result<u64> {
-        let v = self.str(name)?;
+        let v = self.str(name);
         v.parse::<u64>().map_err(|_| {
             perr(
                 self.header.file,
@@ -168,38 +160,97 @@ impl<'a, 'h> Row<'a, 'h> {
     }
 }
 
-/// Iterates the data rows of `text` (skipping blank lines), after validating the header.
-fn rows<'h>(
-    header: &'h Header<'_>,
-    text: &'h str,
-) -> impl Iterator<Item = Result<Row<'h, 'h>>> + 'h {
-    text.lines()
-        .enumerate()
-        .skip(1)
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(move |(i, l)| {
-            let fields: Vec<&str> = l.trim_end_matches('\r').split(',').map(str::trim).collect();
-            let row = Row {
-                header,
-                line: i + 1,
-                fields,
-            };
-            if row.fields.len() > header.names.len() {
-                return Err(row.err(format!(
-                    "row has {} fields, header has {}",
-                    row.fields.len(),
-                    header.names.len()
-                )));
-            }
-            Ok(row)
-        })
+/// The 1-based line a csv error (or the record it was reading) starts on.
+fn csv_line(e: &csv::Error) -> usize {
+    let position = match e.kind() {
+        csv::ErrorKind::Utf8 { pos, .. } => pos.as_ref(),
+        csv::ErrorKind::UnequalLengths { pos, .. } => pos.as_ref(),
+        csv::ErrorKind::Deserialize { pos, .. } => pos.as_ref(),
+        _ => e.position(),
+    };
+    position.map_or(1, |p| usize::try_from(p.line()).unwrap_or(usize::MAX))
 }
 
-fn header_line<'t>(file: &str, text: &'t str) -> Result<&'t str> {
-    match text.lines().next() {
-        Some(l) if !l.trim().is_empty() => Ok(l.trim_end_matches('\r')),
-        _ => Err(perr(file, 1, "empty file: no header line".to_string())),
+fn csv_err(file: &str, e: &csv::Error) -> PackingError {
+    let message = match e.kind() {
+        csv::ErrorKind::Utf8 { err, .. } => {
+            format!("field {} is not valid UTF-8", err.field() + 1)
+        }
+        _ => e.to_string(),
+    };
+    perr(file, csv_line(e), message)
+}
+
+/// Reads `text` as CSV: the header (line 1) and every data row, each with the line it starts on.
+/// Blank lines are skipped.
+fn read_csv<'a>(
+    file: &'a str,
+    text: &str,
+    required: &[&str],
+    optional: &[&str],
+) -> Result<(Header<'a>, Vec<(usize, csv::StringRecord)>)> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes());
+    let mut header: Option<Header<'a>> = None;
+    let mut rows = Vec::new();
+    for record in reader.records() {
+        let record = record.map_err(|e| csv_err(file, &e))?;
+        let line = record
+            .position()
+            .map_or(1, |p| usize::try_from(p.line()).unwrap_or(usize::MAX));
+        // Whitespace-only lines read as one empty field.
+        if record.len() == 1 && record.get(0).is_some_and(str::is_empty) {
+            continue;
+        }
+        if let Some(i) = record
+            .iter()
+            .position(|f| f.contains('\n') || f.contains('\r'))
+        {
+            let name = header
+                .as_ref()
+                .and_then(|h| h.names.get(i))
+                .map_or_else(|| format!("field {}", i + 1), |n| format!("column {n}"));
+            return Err(perr(
+                file,
+                line,
+                format!(
+                    "{name}: a quoted value runs past the end of the line (an unterminated quote?)"
+                ),
+            ));
+        }
+        match &header {
+            None => {
+                if line != 1 {
+                    return Err(perr(file, 1, "empty file: no header line".to_string()));
+                }
+                let names = record.iter().map(str::to_string).collect();
+                // Validated before any row, as users fix files top down.
+                header = Some(Header::parse(file, names, required, optional)?);
+            }
+            Some(Header { names: h, .. }) => {
+                if record.len() != h.len() {
+                    return Err(perr(
+                        file,
+                        line,
+                        format!(
+                            "row has {} fields, header has {} ({})",
+                            record.len(),
+                            h.len(),
+                            h.join(",")
+                        ),
+                    ));
+                }
+                rows.push((line, record));
+            }
+        }
     }
+    let Some(header) = header else {
+        return Err(perr(file, 1, "empty file: no header line".to_string()));
+    };
+    Ok((header, rows))
 }
 
 /// Parses a node list. `file` is used only in error messages.
@@ -207,21 +258,25 @@ fn header_line<'t>(file: &str, text: &'t str) -> Result<&'t str> {
 /// # Errors
 /// [`PackingError::Parse`] naming file, line, column and value for any malformed row or header.
 pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<NodeSpec>> {
-    let header = Header::parse(file, header_line(file, text)?, NODE_REQUIRED, &[])?;
+    let (header, records) = read_csv(file, text, NODE_REQUIRED, &[])?;
     let mut out = Vec::new();
-    for row in rows(&header, text) {
-        let row = row?;
+    for (line, fields) in records {
+        let row = Row {
+            header: &header,
+            line,
+            fields,
+        };
         let gpus = row.int("gpu")?;
         let gpus = u32::try_from(gpus)
             .ok()
             .filter(|g| *g <= 64)
             .ok_or_else(|| row.err(format!("column gpu: {gpus} GPUs on one node (at most 64)")))?;
         out.push(NodeSpec {
-            name: row.str("sn")?.to_string(),
+            name: row.str("sn").to_string(),
             cpu_milli: row.int("cpu_milli")?,
             memory_mib: row.int("memory_mib")?,
             gpus,
-            model: row.str("model")?.to_string(),
+            model: row.str("model").to_string(),
         });
     }
     if out.is_empty() {
@@ -237,10 +292,14 @@ pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<NodeSpec>> {
 /// including `gpu_milli > 1000`, a fractional request on more than one GPU, and GPU milli without
 /// GPUs (or GPUs without milli).
 pub fn parse_pods(file: &str, text: &str) -> Result<Vec<PodSpec>> {
-    let header = Header::parse(file, header_line(file, text)?, POD_REQUIRED, POD_OPTIONAL)?;
+    let (header, records) = read_csv(file, text, POD_REQUIRED, POD_OPTIONAL)?;
     let mut out = Vec::new();
-    for row in rows(&header, text) {
-        let row = row?;
+    for (line, fields) in records {
+        let row = Row {
+            header: &header,
+            line,
+            fields,
+        };
         let num_gpu = row.int("num_gpu")?;
         let gpu_milli = row.int("gpu_milli")?;
         if gpu_milli > 1000 {
@@ -267,14 +326,14 @@ pub fn parse_pods(file: &str, text: &str) -> Result<Vec<PodSpec>> {
             )));
         }
         let gpu_spec = row
-            .str("gpu_spec")?
+            .str("gpu_spec")
             .split('|')
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .map(str::to_string)
             .collect();
         out.push(PodSpec {
-            name: row.str("name")?.to_string(),
+            name: row.str("name").to_string(),
             cpu_milli: row.int("cpu_milli")?,
             memory_mib: row.int("memory_mib")?,
             num_gpu: u32::try_from(num_gpu).unwrap_or(u32::MAX),
@@ -376,8 +435,53 @@ mod tests {
     fn missing_column_in_row() {
         let m = msg(pods("p0,1,1"));
         assert!(
-            m.starts_with("openb_pod_list_x.csv:2: column num_gpu: missing"),
+            m.starts_with("openb_pod_list_x.csv:2: row has 3 fields, header has 11"),
             "{m}"
+        );
+        // A row one field short used to pass when the missing field was an optional one.
+        let m = msg(pods("p0,1,1,1,500,,LS,Running,0,1"));
+        assert!(m.contains(":2: row has 10 fields, header has 11"), "{m}");
+    }
+
+    #[test]
+    fn quoted_fields_are_read_as_csv() {
+        let p = pods(
+            "\"p,0\",1,1,1,500,\"V100M16|V100M32\",LS,Running,0,1,0\r\n\"say \"\"hi\"\"\",1,1,0,0,,BE,Running,0,1,0",
+        )
+        .unwrap();
+        assert_eq!(p[0].name, "p,0");
+        assert_eq!(p[0].gpu_spec, vec!["V100M16", "V100M32"]);
+        assert_eq!(p[1].name, "say \"hi\"");
+    }
+
+    #[test]
+    fn an_unterminated_quote_is_an_error_at_its_line_not_lost_rows() {
+        // The old reader split on commas and dropped what followed; every row must be accounted
+        // for or the file refused.
+        let m = msg(pods(
+            "p0,1,1,1,500,,LS,Running,0,1,0\n\"p1,1,1,1,500,,LS,Running,0,1,0\np2,1,1,1,500,,LS,Running,0,1,0\n",
+        ));
+        assert!(
+            m.starts_with(
+                "openb_pod_list_x.csv:3: column name: a quoted value runs past the end of the line"
+            ),
+            "{m}"
+        );
+        let m = msg(pods("p0,1,1,1,500,\"V100M16,LS,Running,0,1,0"));
+        assert!(
+            m.starts_with("openb_pod_list_x.csv:2: row has 6 fields"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn blank_lines_are_skipped_and_lines_stay_true() {
+        let m = msg(pods(
+            "p0,1,1,1,500,,LS,Running,0,1,0\n\n   \np1,1,1,1,x,,LS,Running,0,1,0",
+        ));
+        assert_eq!(
+            m,
+            "openb_pod_list_x.csv:5: column gpu_milli: \"x\" is not an integer"
         );
     }
 

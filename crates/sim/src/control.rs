@@ -108,6 +108,7 @@ impl SimState {
             g.power_since_unix_ms = now_ms;
             g.load.power_mw = mw;
         }
+        g.load_since_unix_ms = now_ms;
         if let Some(v) = change.gpu_util_pct {
             g.load.gpu_util_pct = v;
         }

@@ -63,6 +63,11 @@ pub struct FleetGpus {
     /// behaving like `model`.
     #[serde(default)]
     pub report_as: Option<ReportAs>,
+    /// PCI class code the GPU shows (`/sys/bus/pci/devices/<bus id>/class`, `baseClass`/`subClass`
+    /// of `nvmlDeviceGetPciInfoExt`): `0x030200` (3D controller, compute mode, the default of every
+    /// catalog model) or `0x030000` (VGA controller, a GPU switched to display mode).
+    #[serde(default)]
+    pub pci_class: Option<u32>,
 }
 
 /// A name and PCI device id the simulated GPU reports instead of its model's.
@@ -173,6 +178,13 @@ impl Fleet {
             {
                 return Err(invalid(format!(
                     "{at}: report-as name must be 1 to 95 characters"
+                )));
+            }
+            if let Some(class) = group.pci_class
+                && class >> 16 != 0x03
+            {
+                return Err(invalid(format!(
+                    "{at}: pci-class {class:#08x} is not a display controller class (0x03xxxx, e.g. 0x030200 for compute, 0x030000 for graphics)"
                 )));
             }
             total = total.saturating_add(group.count);
@@ -295,6 +307,11 @@ mod tests {
                 "colour: blue\ngpus:\n  - model: L4\n",
                 "line 1",
                 "unknown field `colour`",
+            ),
+            (
+                "gpus:\n  - model: L4\n    pci-class: 0x020000\n",
+                "line 2",
+                "not a display controller class",
             ),
         ];
         for (text, place, problem) in cases {

@@ -6,6 +6,7 @@
 //! the cdylib as a thin, reviewable layer of FFI glue.
 #![forbid(unsafe_code)]
 
+pub mod activity;
 pub mod control;
 pub mod fleet;
 pub mod ids;
@@ -13,6 +14,7 @@ pub mod mig;
 pub mod state;
 pub mod store;
 
+pub use activity::Activity;
 pub use fleet::{BUILTIN_FLEETS, Fabric, Fleet, FleetGpus};
 pub use mig::NvmlCode;
 pub use state::{Load, NvlinkPeer, SimCi, SimEvent, SimGi, SimGpu, SimProcess, SimState};

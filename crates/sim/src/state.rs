@@ -70,9 +70,16 @@ pub struct SimGpu {
     pub reported_name: Option<String>,
     #[serde(default)]
     pub reported_pci_device_id: Option<u16>,
+    /// PCI class code when the fleet set one; else [`DEFAULT_PCI_CLASS`].
+    #[serde(default)]
+    pub pci_class: Option<u32>,
     /// Energy counted before the last power change, and when that change happened.
     pub energy_base_mj: u64,
     pub power_since_unix_ms: u64,
+    /// When `gpuops sim load` last changed the load: GPM metrics of an interval spanning it mix
+    /// the rates before and after.
+    #[serde(default)]
+    pub load_since_unix_ms: u64,
 }
 
 /// The far end of one NVLink.
@@ -152,6 +159,10 @@ pub struct SimEvent {
     pub ci_id: u32,
 }
 
+/// PCI class code of a data-center GPU in compute mode (3D controller), what every catalog model
+/// shows out of the box.
+pub const DEFAULT_PCI_CLASS: u32 = 0x03_02_00;
+
 /// Not specific to one GPU or compute instance (nvml.h uses all-ones).
 pub const NO_INSTANCE: u32 = 0xFFFF_FFFF;
 
@@ -201,8 +212,10 @@ impl SimState {
                     held: false,
                     reported_name: group.report_as.as_ref().map(|r| r.name.clone()),
                     reported_pci_device_id: group.report_as.as_ref().map(|r| r.pci_device_id),
+                    pci_class: group.pci_class,
                     energy_base_mj: 0,
                     power_since_unix_ms: now_ms,
+                    load_since_unix_ms: now_ms,
                 }
             })
             .collect();
@@ -307,6 +320,11 @@ impl SimGpu {
                     .and_then(|m| m.pci_device_ids.first().copied())
             })
             .unwrap_or(0)
+    }
+
+    /// The PCI class code (`0x030200` 3D controller, `0x030000` VGA controller).
+    pub fn pci_class(&self) -> u32 {
+        self.pci_class.unwrap_or(DEFAULT_PCI_CLASS)
     }
 
     /// `00000000:18:00.0`, NVML's `busId` format.

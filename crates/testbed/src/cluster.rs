@@ -38,6 +38,9 @@ pub struct ClusterOptions {
     /// `extenders:` list). The test bed writes the file (apiVersion, kind, clientConnection,
     /// leaderElection off) and starts kube-scheduler with `--config`.
     pub scheduler_config: Option<String>,
+    /// Serve the apiserver on every address, not only loopback: pods of a [`crate::RealNode`]
+    /// on the bridge network reach it at the node's address (there is no kube-proxy).
+    pub all_addresses: bool,
 }
 
 impl Default for ClusterOptions {
@@ -48,6 +51,7 @@ impl Default for ClusterOptions {
             kwok: false,
             users: Vec::new(),
             scheduler_config: None,
+            all_addresses: false,
         }
     }
 }
@@ -121,7 +125,14 @@ impl Cluster {
         let mut api_cmd = Command::new(bin.join("kube-apiserver"));
         api_cmd.args([
             &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-            "--bind-address=127.0.0.1",
+            &format!(
+                "--bind-address={}",
+                if options.all_addresses {
+                    "0.0.0.0"
+                } else {
+                    "127.0.0.1"
+                }
+            ),
             &format!("--secure-port={api_port}"),
             // Without these the apiserver advertises the host's address in the kubernetes Service.
             "--advertise-address=127.0.0.1",
@@ -255,6 +266,28 @@ impl Cluster {
     /// The apiserver URL.
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// A kubeconfig of `user` for the apiserver at `host` (an address of this machine other than
+    /// loopback; needs [`ClusterOptions::all_addresses`]), e.g. for pods on a real node.
+    pub fn kubeconfig_at(&self, user: &str, host: &str) -> Result<PathBuf, BedError> {
+        let port = self.server.rsplit(':').next().unwrap_or("443");
+        let token = self
+            .users
+            .iter()
+            .find(|u| u.name == user)
+            .map(|u| u.token.clone())
+            .ok_or_else(|| BedError::Kubectl {
+                args: format!("kubeconfig for {user}"),
+                message: format!("no user {user} in this cluster"),
+            })?;
+        let path = self.dir.path().join(format!("kubeconfig-{user}-at-{host}"));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: bed\n  cluster:\n    server: https://{host}:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: bed\n  context:\n    cluster: bed\n    user: {user}\ncurrent-context: bed\n"
+        );
+        std::fs::write(&path, text)
+            .map_err(|e| BedError::io(format!("writing {}", path.display()), e))?;
+        Ok(path)
     }
 
     /// Directory of the built binaries (for harness programs).

@@ -1,6 +1,6 @@
 //! Test support: a real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, optionally
 //! kube-controller-manager and KWOK) on loopback, plus GPU harness nodes that embed the kubelet's
-//! device manager.
+//! device manager, and real nodes: a kubelet with containerd and runc running real pods.
 //!
 //! Binaries come from `tests/k8s/build.sh` (built from Go modules, cached under
 //! `~/.cache/gpuops/k8s/<key>/bin`); point `GPUOPS_K8S_BIN` at that directory. Every process runs on
@@ -11,9 +11,12 @@
 mod cluster;
 mod harness;
 mod process;
+mod real_node;
 
 pub use cluster::{Cluster, ClusterOptions, User};
 pub use harness::{Allocation, HarnessNode, TestPlugin};
+pub use process::{RUN_DIR_ENV, start_time};
+pub use real_node::{NodeImages, RealNode, RealNodeOptions, node_images};
 
 use std::path::PathBuf;
 

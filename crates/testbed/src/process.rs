@@ -1,4 +1,8 @@
 //! A child process with its log in a file, stopped (SIGTERM, then SIGKILL) when dropped.
+//!
+//! Every process is also recorded in the run directory ([`RUN_DIR_ENV`], set by scripts/test) until
+//! it has exited, so that the script can name and stop exactly what a crashed test left running
+//! (instead of matching command lines, which also hits clusters others run from the same cache).
 
 use crate::BedError;
 use std::fs::File;
@@ -6,12 +10,40 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The environment variable naming the directory where test-bed processes are recorded.
+pub const RUN_DIR_ENV: &str = "GPUOPS_TESTBED_RUN_DIR";
+
 /// A running process of the test bed.
 #[derive(Debug)]
 pub struct Managed {
     pub name: String,
     child: Option<Child>,
     pub log: PathBuf,
+    record: Option<PathBuf>,
+}
+
+/// The process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with the pid
+/// it names one process even after the pid is reused.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Records `pid` in the run directory (when there is one): a file named after the pid holding
+/// `<start time> <what>`. Returns the file, to remove once the process is gone.
+pub fn record(pid: u32, what: &str) -> Option<PathBuf> {
+    let dir = PathBuf::from(std::env::var_os(RUN_DIR_ENV)?);
+    std::fs::create_dir_all(&dir).ok()?;
+    let file = dir.join(format!("pid-{pid}"));
+    let line = format!(
+        "{} {}\n",
+        start_time(pid).unwrap_or(0),
+        what.replace('\n', " ")
+    );
+    std::fs::write(&file, line).ok()?;
+    Some(file)
 }
 
 impl Managed {
@@ -31,10 +63,12 @@ impl Managed {
                 what: name.to_string(),
                 source,
             })?;
+        let record = record(child.id(), name);
         Ok(Managed {
             name: name.to_string(),
             child: Some(child),
             log: log.to_path_buf(),
+            record,
         })
     }
 
@@ -67,6 +101,20 @@ impl Managed {
 
     /// Stops the process: SIGTERM, up to 5 s to exit, then SIGKILL.
     pub fn stop(&mut self) {
+        self.stop_within(Duration::from_secs(5));
+        self.forget();
+    }
+
+    /// The run-directory record goes once the process has been reaped.
+    fn forget(&mut self) {
+        if self.child.is_none()
+            && let Some(file) = self.record.take()
+        {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+
+    fn stop_within(&mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -77,7 +125,7 @@ impl Managed {
             .args(["-TERM", &child.id().to_string()])
             .stderr(Stdio::null())
             .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
                 return;
@@ -94,6 +142,7 @@ impl Managed {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.forget();
     }
 }
 

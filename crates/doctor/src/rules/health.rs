@@ -9,7 +9,7 @@ use gpuops_catalog::xid::{self, XidClass};
 use std::collections::{BTreeMap, BTreeSet};
 
 pub const CONDITION: &str = "GPUHealthy";
-pub const TAINT: &str = "gpuops.io/gpu-unhealthy";
+pub const TAINT: &str = super::HEALTH_TAINT;
 
 #[derive(Default)]
 struct Host {
@@ -136,7 +136,7 @@ fn fix_for(class: XidClass, node: &str, gpus: &str, lost: bool) -> String {
             "move the pods off {gpus} (or {drain}), reset it: nvidia-smi -r -i {gpus}; the agent marks it healthy again after its quiet period"
         ),
         XidClass::RestartApp => {
-            "restart the application's pod (kubectl delete pod NS/NAME); the GPU itself is usable"
+            "restart the pods that hit it (delete them; their controllers recreate them); the GPU itself is usable"
                 .into()
         }
         XidClass::Watch | XidClass::Unknown | XidClass::RebootNode => format!(
@@ -145,6 +145,51 @@ fn fix_for(class: XidClass, node: &str, gpus: &str, lost: bool) -> String {
         XidClass::Application => {
             "fix the application (illegal memory access, bad kernel); the GPU is fine".into()
         }
+    }
+}
+
+/// What the agent's `gpuops.io/gpu-health` annotation says, or why it could not be read.
+enum Published {
+    /// An older agent, or another one: only the condition's prose is there.
+    Absent,
+    Report(gpuops_labels::HealthReport),
+    Invalid(String),
+}
+
+fn published(n: &NodeView<'_>) -> Published {
+    let Some(value) = n
+        .node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(gpuops_labels::GPU_HEALTH_ANNOTATION))
+    else {
+        return Published::Absent;
+    };
+    match gpuops_labels::HealthReport::from_annotation(value) {
+        Ok(r) => Published::Report(r),
+        Err(e) => Published::Invalid(e.to_string()),
+    }
+}
+
+fn describe_problem(p: &gpuops_labels::GpuProblem) -> String {
+    use gpuops_labels::ProblemKind;
+    let mut who = match (p.gpu_index, p.gpu_uuid.is_empty()) {
+        (Some(i), false) => format!("GPU {i} ({})", p.gpu_uuid),
+        (Some(i), true) => format!("GPU {i}"),
+        (None, false) => format!("GPU {}", p.gpu_uuid),
+        (None, true) => "an unidentified GPU".to_string(),
+    };
+    if let Some(m) = &p.mig_uuid {
+        who.push_str(&format!(" MIG device {m}"));
+    }
+    match &p.kind {
+        ProblemKind::Xid { xid: x } => {
+            let info = xid::describe(*x);
+            format!("{who}: XID {x} ({})", info.meaning)
+        }
+        ProblemKind::Lost => format!("{who}: lost (fell off the bus)"),
+        ProblemKind::Unreachable { reason } => format!("{who}: unreachable ({reason})"),
     }
 }
 
@@ -181,7 +226,85 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
         .into_iter()
         .flatten()
         .find(|c| c.type_ == CONDITION);
-    if let Some(cond) = cond.filter(|c| c.status == "False") {
+    let report = published(n);
+    let mut out = Vec::new();
+    if let Published::Invalid(why) = &report {
+        out.push(
+            Finding::new(
+                Severity::Warning,
+                Category::Health,
+                "gpu-health-annotation-invalid",
+                format!(
+                    "Node {}: the agent's {} annotation cannot be read",
+                    n.name,
+                    gpuops_labels::GPU_HEALTH_ANNOTATION
+                ),
+            )
+            .object(ObjectRef::node(n.name))
+            .evidence(format!("{}: {why}", gpuops_labels::GPU_HEALTH_ANNOTATION))
+            .evidence(format!(
+                "health judged from the {CONDITION} condition's message instead"
+            ))
+            .fix(format!(
+                "the annotation is the agent's to write: run the same gpuops version on every node                  (an older or newer agent writes another format), or remove a hand-written value:                  kubectl annotate node {} {}-",
+                n.name,
+                gpuops_labels::GPU_HEALTH_ANNOTATION
+            ))
+            .command(format!(
+                "kubectl annotate node {} {}-",
+                n.name,
+                gpuops_labels::GPU_HEALTH_ANNOTATION
+            )),
+        );
+    }
+    if let Published::Report(r) = &report
+        && !r.problems.is_empty()
+    {
+        // The structured report names GPUs and XIDs; the condition is only shown.
+        if let Some(cond) = cond.filter(|c| c.status == "False") {
+            evidence.push(format!(
+                "condition {CONDITION}=False {}: {}",
+                cond.reason.as_deref().unwrap_or(""),
+                cond.message.as_deref().unwrap_or("")
+            ));
+        }
+        evidence.push(format!(
+            "{}: {}",
+            gpuops_labels::GPU_HEALTH_ANNOTATION,
+            r.problems
+                .iter()
+                .map(describe_problem)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+        raise(Severity::Critical, &mut severity);
+        app_only = false;
+        for p in &r.problems {
+            if let Some(i) = p.gpu_index {
+                gpus.insert(i.to_string());
+            }
+            match &p.kind {
+                gpuops_labels::ProblemKind::Xid { xid: x } => classes.push(xid::describe(*x).class),
+                gpuops_labels::ProblemKind::Lost
+                | gpuops_labels::ProblemKind::Unreachable { .. } => {
+                    lost = true;
+                }
+            }
+        }
+    } else if matches!(report, Published::Report(_)) {
+        // The agent says no GPU is unhealthy: a False condition is then stale or someone else's.
+        if let Some(cond) = cond.filter(|c| c.status == "False") {
+            evidence.push(format!(
+                "condition {CONDITION}=False {}: {} (but {} lists no problem)",
+                cond.reason.as_deref().unwrap_or(""),
+                cond.message.as_deref().unwrap_or(""),
+                gpuops_labels::GPU_HEALTH_ANNOTATION
+            ));
+            raise(Severity::Warning, &mut severity);
+            app_only = false;
+        }
+    } else if let Some(cond) = cond.filter(|c| c.status == "False") {
+        // No (readable) annotation: an older agent; read the condition's prose.
         let reason = cond.reason.as_deref().unwrap_or("");
         let msg = cond.message.as_deref().unwrap_or("");
         evidence.push(format!("condition {CONDITION}=False {reason}: {msg}"));
@@ -255,7 +378,7 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
         }
     }
     let Some(severity) = severity else {
-        return Vec::new();
+        return out;
     };
     let worst = classes
         .iter()
@@ -279,6 +402,7 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
             format!("Node {}: a GPU fell off the bus or is lost", n.name),
         )
     } else if cond.is_some_and(|c| c.status == "False")
+        || matches!(&report, Published::Report(r) if !r.problems.is_empty())
         || classes.iter().any(|c| class_rank(*c) >= 4)
     {
         (
@@ -302,7 +426,45 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
     } else {
         fix_for(worst, n.name, &gpu_list, lost)
     };
-    vec![f.fix(fix)]
+    f = f.fix(fix);
+    for cmd in health_commands(worst, n, lost, code) {
+        f = f.command(cmd);
+    }
+    out.push(f);
+    out
+}
+
+/// The complete commands [`fix_for`] / [`withheld_fix`] name (nvidia-smi runs on the node, so
+/// only the kubectl ones).
+fn health_commands(class: XidClass, n: &NodeView<'_>, lost: bool, code: &str) -> Vec<String> {
+    let node = n.name;
+    if code == "unhealthy-devices" && !lost {
+        return vec![
+            match n.agents.first() {
+                Some(a) => format!(
+                    "kubectl -n {} logs {}",
+                    a.metadata.namespace.as_deref().unwrap_or("default"),
+                    a.metadata.name.as_deref().unwrap_or("")
+                ),
+                None => {
+                    format!("kubectl get pods -A -o wide --field-selector spec.nodeName={node}")
+                }
+            },
+            format!("kubectl describe node {node}"),
+        ];
+    }
+    let drain = vec![
+        format!("kubectl cordon {node}"),
+        format!("kubectl drain {node} --ignore-daemonsets --delete-emptydir-data"),
+        format!("kubectl uncordon {node}"),
+    ];
+    if lost || matches!(class, XidClass::RebootNode | XidClass::Drain) {
+        return drain;
+    }
+    match class {
+        XidClass::ResetGpu => drain[..2].to_vec(),
+        _ => Vec::new(),
+    }
 }
 
 /// Devices withheld with no condition or XID saying which: the agent's log does.
@@ -386,6 +548,106 @@ mod tests {
             vec!["2", "6"]
         );
         assert!(got("all 8 GPUs are healthy").is_empty());
+    }
+
+    fn report(problems: &str) -> String {
+        format!("{{\"version\":1,\"problems\":[{problems}]}}")
+    }
+
+    #[test]
+    fn the_agents_health_annotation_wins_over_the_conditions_prose() {
+        // The condition's wording changed (no "GPU n" in it): the annotation still names GPU 3.
+        let mut n = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+        set_resource(&mut n, "nvidia.com/gpu", 8, 7);
+        condition(
+            &mut n,
+            "GPUHealthy",
+            "False",
+            "XidError",
+            "one device is unwell",
+        );
+        annotate(
+            &mut n,
+            "gpuops.io/gpu-health",
+            &report(r#"{"gpu_index":3,"gpu_uuid":"GPU-3","kind":"xid","xid":48}"#),
+        );
+        let f = run(&snapshot(vec![n.clone()], vec![], vec![]));
+        let got = one(&f, "gpu-unhealthy");
+        assert_eq!(got.severity, crate::Severity::Critical);
+        assert!(got.title.contains("GPU 3 unhealthy"), "{got:#?}");
+        assert!(got.fix.contains("nvidia-smi -r -i 3"), "{}", got.fix);
+        assert!(
+            got.evidence
+                .iter()
+                .any(|e| e.contains("gpuops.io/gpu-health: GPU 3 (GPU-3): XID 48")),
+            "{got:#?}"
+        );
+        assert!(
+            got.commands
+                .iter()
+                .any(|c| c == "kubectl drain gpu-1 --ignore-daemonsets --delete-emptydir-data")
+        );
+
+        // A lost GPU in the annotation, whatever the condition says.
+        let mut lost = gpu_node("gpu-2", "nvidia.com/gpu", 8);
+        condition(
+            &mut lost,
+            "GPUHealthy",
+            "False",
+            "GPUProblems",
+            "see annotation",
+        );
+        annotate(
+            &mut lost,
+            "gpuops.io/gpu-health",
+            &report(r#"{"gpu_index":5,"kind":"lost"}"#),
+        );
+        one(&run(&snapshot(vec![lost], vec![], vec![])), "gpu-lost");
+
+        // Look-alike: the annotation lists no problem and the condition is True: quiet.
+        let mut ok = gpu_node("gpu-3", "nvidia.com/gpu", 8);
+        condition(
+            &mut ok,
+            "GPUHealthy",
+            "True",
+            "AllGPUsHealthy",
+            "all 8 GPUs are healthy",
+        );
+        annotate(&mut ok, "gpuops.io/gpu-health", &report(""));
+        assert!(
+            run(&snapshot(vec![ok], vec![], vec![]))
+                .iter()
+                .all(|f| f.category != crate::Category::Health)
+        );
+    }
+
+    #[test]
+    fn a_malformed_health_annotation_is_a_finding_and_the_condition_still_counts() {
+        for bad in ["{not json", r#"{"version":7,"problems":[]}"#] {
+            let mut n = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+            condition(
+                &mut n,
+                "GPUHealthy",
+                "False",
+                "XidError",
+                "1 of 8 GPUs unhealthy: GPU 2 (GPU-2): XID 48 (double-bit ECC error): drain the node and reset the GPU",
+            );
+            annotate(&mut n, "gpuops.io/gpu-health", bad);
+            let f = run(&snapshot(vec![n], vec![], vec![]));
+            let got = one(&f, "gpu-health-annotation-invalid");
+            assert_eq!(got.severity, crate::Severity::Warning);
+            assert!(
+                got.evidence[0].starts_with("gpuops.io/gpu-health: ")
+                    && got.evidence[0].len() > "gpuops.io/gpu-health: ".len(),
+                "{got:#?}"
+            );
+            assert_eq!(
+                got.commands,
+                vec!["kubectl annotate node gpu-1 gpuops.io/gpu-health-"]
+            );
+            // Fallback: the older reading of the condition.
+            assert!(one(&f, "gpu-unhealthy").fix.contains("nvidia-smi -r -i 2"));
+        }
     }
 
     #[test]

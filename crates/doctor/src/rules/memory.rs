@@ -4,6 +4,8 @@
 use crate::Options;
 use crate::cluster::{Cluster, PodView, ago, list_some};
 use crate::finding::{Category, Finding, ObjectRef, Severity};
+use crate::resources;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::collections::BTreeSet;
 
 /// Log lines that mean the GPU ran out of memory (PyTorch, CUDA runtime, cuBLAS, TensorFlow, JAX).
@@ -73,25 +75,88 @@ fn oom_killed(c: &Cluster<'_>, p: &PodView<'_>) -> Option<Finding> {
     )
     .object(ObjectRef::pod(p.namespace, p.name));
     f.evidence = evidence;
-    let owner = p
+    let ns = p.namespace;
+    let doubled = limit
+        .as_ref()
+        .and_then(|l| resources::value(&Quantity(l.clone())))
+        .map(|b| resources::bytes(b * 2.0));
+    let (target, how) = owner_target(p);
+    Some(match (limit, doubled) {
+        (Some(l), Some(d)) => match (target, how) {
+            (Some(t), Editable::SetResources) => {
+                let cmd = format!(
+                    "kubectl -n {ns} set resources {t} -c {container} --limits=memory={d} --requests=memory={d}"
+                );
+                f.fix(format!(
+                    "the container's RAM (page cache, data loaders, pinned host buffers) exceeded {l}: \
+                     raise it in the owner's template (a pod's resources cannot be changed in place): \
+                     {cmd}; or lower data-loader workers / prefetch"
+                ))
+                .command(cmd)
+            }
+            (Some(t), Editable::Recreate) => f.fix(format!(
+                "the container's RAM exceeded {l}: {t}'s pod template cannot be changed; create it again \
+                 with memory {d} for {container} (kubectl -n {ns} get {t} -o yaml, raise the limit, delete \
+                 and apply it), or lower data-loader workers / prefetch"
+            ))
+            .command(format!("kubectl -n {ns} get {t} -o yaml")),
+            (None, _) => f.fix(format!(
+                "the container's RAM exceeded {l}: a bare pod's resources cannot be changed in place; \
+                 recreate it with memory {d} for {container}: kubectl -n {ns} get pod {} -o yaml > pod.yaml, \
+                 raise the limit in pod.yaml, then kubectl replace --force -f pod.yaml",
+                p.name
+            ))
+            .command(format!("kubectl -n {ns} get pod {} -o yaml", p.name)),
+        },
+        _ => f.fix(format!(
+            "set a memory request and limit for {container} sized for its peak (the node itself ran out of memory)"
+        )),
+    })
+}
+
+enum Editable {
+    /// `kubectl set resources` changes the template (Deployment, StatefulSet, DaemonSet...).
+    SetResources,
+    /// The template is immutable (Job) or unknown: create it again.
+    Recreate,
+}
+
+/// The object whose pod template makes this pod: a ReplicaSet's Deployment (from the
+/// pod-template-hash the ReplicaSet's name ends with), else the controller itself.
+fn owner_target(p: &PodView<'_>) -> (Option<String>, Editable) {
+    let Some(o) = p
         .pod
         .metadata
         .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    else {
+        return (None, Editable::Recreate);
+    };
+    let hash = p
+        .pod
+        .metadata
+        .labels
         .as_ref()
-        .and_then(|o| o.first())
-        .map(|o| format!("{}/{}", o.kind.to_ascii_lowercase(), o.name));
-    let target = owner.unwrap_or_else(|| format!("pod/{}", p.name));
-    Some(f.fix(match limit {
-        Some(l) => format!(
-            "the container's RAM (page cache, data loaders, pinned host buffers) exceeded {l}: raise it, e.g. \
-             kubectl -n {} set resources {target} -c {container} --limits=memory=<2x {l}> (and requests), or lower \
-             data-loader workers / prefetch",
-            p.namespace
+        .and_then(|l| l.get("pod-template-hash"));
+    match o.kind.as_str() {
+        "ReplicaSet" => match hash.and_then(|h| o.name.strip_suffix(&format!("-{h}"))) {
+            Some(d) => (Some(format!("deployment/{d}")), Editable::SetResources),
+            None => (
+                Some(format!("replicaset/{}", o.name)),
+                Editable::SetResources,
+            ),
+        },
+        "StatefulSet" | "DaemonSet" | "ReplicationController" => (
+            Some(format!("{}/{}", o.kind.to_ascii_lowercase(), o.name)),
+            Editable::SetResources,
         ),
-        None => format!(
-            "set a memory request and limit for {container} sized for its peak (the node itself ran out of memory)"
+        _ => (
+            Some(format!("{}/{}", o.kind.to_ascii_lowercase(), o.name)),
+            Editable::Recreate,
         ),
-    }))
+    }
 }
 
 fn cuda_oom(c: &Cluster<'_>) -> Vec<Finding> {
@@ -226,6 +291,8 @@ fn truncate(s: &str, max: usize) -> String {
 mod tests {
     use crate::snapshot::LogExcerpt;
     use crate::testkit::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     #[test]
     fn oom_killed_gpu_containers() {
@@ -236,9 +303,62 @@ mod tests {
             137,
             true,
         );
-        let f = run(&snapshot(vec![n.clone()], vec![p], vec![]));
+        let f = run(&snapshot(vec![n.clone()], vec![p.clone()], vec![]));
         let got = one(&f, "oom-killed");
         assert!(got.evidence[0].contains("exit code 137"), "{got:#?}");
+        // A bare pod: no `set resources pod/...` (rejected); recreate it. No limit here: none advised.
+        assert!(
+            got.commands.is_empty() && !got.fix.contains("set resources"),
+            "{got:#?}"
+        );
+        // With a limit, owned by a Deployment's ReplicaSet: the Deployment's template, doubled.
+        let mut owned = p;
+        owned.spec.as_mut().unwrap().containers[0]
+            .resources
+            .as_mut()
+            .unwrap()
+            .limits
+            .as_mut()
+            .unwrap()
+            .insert("memory".into(), Quantity("8Gi".into()));
+        owned.metadata.labels =
+            Some([("pod-template-hash".to_string(), "7d9f".to_string())].into());
+        owned.metadata.owner_references = Some(vec![OwnerReference {
+            kind: "ReplicaSet".into(),
+            name: "train-7d9f".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        let f = run(&snapshot(vec![n.clone()], vec![owned.clone()], vec![]));
+        assert_eq!(
+            one(&f, "oom-killed").commands,
+            vec![
+                "kubectl -n ml set resources deployment/train -c main --limits=memory=16Gi --requests=memory=16Gi"
+            ]
+        );
+        // Bare with a limit: recreate.
+        owned.metadata.owner_references = None;
+        let f = run(&snapshot(vec![n.clone()], vec![owned.clone()], vec![]));
+        let got = one(&f, "oom-killed");
+        assert!(
+            got.fix.contains("recreate it with memory 16Gi"),
+            "{}",
+            got.fix
+        );
+        assert_eq!(got.commands, vec!["kubectl -n ml get pod t -o yaml"]);
+        // A Job's template is immutable: recreate the Job.
+        owned.metadata.owner_references = Some(vec![OwnerReference {
+            kind: "Job".into(),
+            name: "train".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        let f = run(&snapshot(vec![n.clone()], vec![owned], vec![]));
+        assert!(
+            one(&f, "oom-killed")
+                .fix
+                .contains("job/train's pod template cannot be changed")
+        );
         // Look-alike: exit 137 from a plain kill (Error), and a completed container.
         let p = terminated(
             running(pod("ml", "t", &[("nvidia.com/gpu", 1)]), "gpu-1"),

@@ -96,12 +96,64 @@ fn failed(c: &Cluster<'_>, n: &NodeView<'_>, wanted: &str) -> Finding {
     for e in mig_evidence(c, n) {
         f = f.evidence(e);
     }
-    f.fix(format!(
+    let (restart, restart_cmd) = restart_agent(n);
+    let mut f = f.fix(format!(
         "read why in the node's events (kubectl describe node {0}) and the agent's log; check the config \
          exists and fits the GPU (gpuops mig validate), free the GPUs (no pod may hold them while MIG \
-         changes), then set the label again: kubectl label node {0} {MIG_CONFIG}={wanted} --overwrite \
-         (or an NVIDIA default such as all-balanced)",
-        n.name
+         changes). The agent retries by itself with backoff; setting the same label value again does \
+         nothing. To retry now, {restart}{other}",
+        n.name,
+        other = other_config(n, wanted)
+            .map(|(_, cmd)| format!("; or ask for another config: {cmd}"))
+            .unwrap_or_default(),
+    ))
+    .command(format!("kubectl describe node {}", n.name))
+    .command(restart_cmd);
+    if let Some((_, cmd)) = other_config(n, wanted) {
+        f = f.command(cmd);
+    }
+    f
+}
+
+/// How to make the agent apply the node's MIG config again now: restart it (a fresh agent applies
+/// the label's config at once; the label's value unchanged is no event).
+fn restart_agent(n: &NodeView<'_>) -> (String, String) {
+    match n.agents.first() {
+        Some(a) => {
+            let cmd = format!(
+                "kubectl -n {} delete pod {}",
+                a.metadata.namespace.as_deref().unwrap_or("default"),
+                a.metadata.name.as_deref().unwrap_or("")
+            );
+            (format!("restart the agent on {}: {cmd}", n.name), cmd)
+        }
+        None => {
+            let cmd = format!(
+                "kubectl get pods -A -o wide --field-selector spec.nodeName={}",
+                n.name
+            );
+            (
+                format!(
+                    "restart the gpuops agent (or NVIDIA's MIG manager) pod on {}: find it with {cmd} and delete it",
+                    n.name
+                ),
+                cmd,
+            )
+        }
+    }
+}
+
+/// A different NVIDIA default config (a changed label value is an event the agent acts on).
+fn other_config(n: &NodeView<'_>, wanted: &str) -> Option<(&'static str, String)> {
+    let other = ["all-balanced", "all-disabled"]
+        .into_iter()
+        .find(|c| *c != wanted)?;
+    Some((
+        other,
+        format!(
+            "kubectl label node {} {MIG_CONFIG}={other} --overwrite",
+            n.name
+        ),
     ))
 }
 
@@ -146,15 +198,22 @@ fn stuck(
             crate::cluster::list_some(&holders, 5)
         ));
     }
-    Some(f.fix(if state == "rebooting" {
-        format!("the node was to reboot to change MIG mode: check it came back (kubectl get node {0}) and the agent runs on it", n.name)
+    Some(if state == "rebooting" {
+        f.fix(format!("the node was to reboot to change MIG mode: check it came back (kubectl get node {0}) and the agent runs on it", n.name))
+            .command(format!("kubectl get node {}", n.name))
     } else {
-        format!(
-            "MIG changes wait for the GPUs to be free: drain GPU pods (kubectl drain {0} --ignore-daemonsets \
-             --pod-selector=...) or check the agent's log on {0}",
+        let drain = format!(
+            "kubectl drain {} --ignore-daemonsets --delete-emptydir-data",
             n.name
-        )
-    }))
+        );
+        f.fix(format!(
+            "MIG changes wait for the GPUs to be free: move the GPU pods off ({drain}, then \
+             kubectl uncordon {0} once the state is success) or check the agent's log on {0}",
+            n.name
+        ))
+        .command(drain)
+        .command(format!("kubectl uncordon {}", n.name))
+    })
 }
 
 fn layout_differs(
@@ -232,10 +291,12 @@ fn layout_differs(
             gpus.map(|g| format!(" ({g} GPUs)")).unwrap_or_default()
         ))
         .fix(format!(
-            "someone changed MIG outside the label, or the apply did not finish: re-apply with \
-             kubectl label node {0} {MIG_CONFIG}={wanted} --overwrite, or compare with `gpuops mig assert` on the node",
-            n.name
-        )),
+            "someone changed MIG outside the label, or the apply did not finish; the label's value is \
+             unchanged, so setting it again does nothing: compare with `gpuops mig assert` on the node, \
+             then {}",
+            restart_agent(n).0
+        ))
+        .command(restart_agent(n).1),
     )
 }
 
@@ -269,6 +330,22 @@ mod tests {
         );
         let f = run(&snapshot(vec![n], vec![], vec![e]));
         let got = one(&f, "mig-config-failed");
+        // The same label value again is no event: restart the agent, or ask for another config.
+        assert!(
+            !got.fix
+                .contains("nvidia.com/mig.config=all-1g.10gb --overwrite"),
+            "{}",
+            got.fix
+        );
+        assert!(
+            got.commands.contains(
+                &"kubectl get pods -A -o wide --field-selector spec.nodeName=gpu-1".to_string()
+            ) && got.commands.contains(
+                &"kubectl label node gpu-1 nvidia.com/mig.config=all-balanced --overwrite"
+                    .to_string()
+            ),
+            "{got:#?}"
+        );
         assert!(
             got.evidence
                 .iter()

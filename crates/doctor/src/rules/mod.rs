@@ -4,9 +4,13 @@ mod cost;
 mod health;
 mod memory;
 mod mig;
+mod moves;
 mod nodes;
 mod pending;
 mod workload;
+
+/// The taint the agent puts on a node with an unhealthy GPU.
+pub(crate) const HEALTH_TAINT: &str = gpuops_labels::DEFAULT_TAINT_KEY;
 
 use crate::Options;
 use crate::cluster::{Cluster, NodeView, PRODUCT};

@@ -3,7 +3,8 @@
 use super::node_model;
 use crate::Options;
 use crate::cluster::{
-    COUNT, Cluster, DRIVER_FULL, DRIVER_MAJOR, MIG_CONFIG_STATE, NodeView, PRODUCT, list_some,
+    COUNT, Cluster, DRIVER_FULL, DRIVER_MAJOR, MIG_CONFIG_STATE, NodeView, OLD_DRIVER_MAJOR,
+    OLD_DRIVER_MINOR, OLD_DRIVER_REV, PRODUCT, list_some,
 };
 use crate::finding::{Category, Finding, ObjectRef, Severity};
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ const POOL_LABELS: &[&str] = &[
 pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     let mut out = Vec::new();
     for n in c.gpu_nodes() {
+        out.extend(not_ready(c, n));
         out.extend(zero_allocatable(n));
         out.extend(old_driver(n, o));
     }
@@ -29,7 +31,9 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     out
 }
 
-fn driver<'n>(n: &'n NodeView<'_>) -> Option<(&'n str, u32)> {
+/// The driver version and its major number, from GFD's `cuda.driver-version.*` labels or the
+/// older `cuda.driver.major/.minor/.rev` ones; the label it came from, for evidence.
+fn driver(n: &NodeView<'_>) -> Option<(String, u32, &'static str)> {
     let full = n.label(DRIVER_FULL);
     let major = n
         .label(DRIVER_MAJOR)
@@ -37,8 +41,76 @@ fn driver<'n>(n: &'n NodeView<'_>) -> Option<(&'n str, u32)> {
         .or_else(|| {
             full.and_then(|f| f.split('.').next())
                 .and_then(|m| m.parse().ok())
-        })?;
-    Some((full.or(n.label(DRIVER_MAJOR)).unwrap_or(""), major))
+        });
+    if let Some(major) = major {
+        let text = full.or(n.label(DRIVER_MAJOR)).unwrap_or("").to_string();
+        let from = if full.is_some() {
+            DRIVER_FULL
+        } else {
+            DRIVER_MAJOR
+        };
+        return Some((text, major, from));
+    }
+    let major: u32 = n.label(OLD_DRIVER_MAJOR)?.trim().parse().ok()?;
+    let parts: Vec<&str> = [OLD_DRIVER_MINOR, OLD_DRIVER_REV]
+        .iter()
+        .filter_map(|k| n.label(k).map(str::trim).filter(|v| !v.is_empty()))
+        .collect();
+    let mut text = major.to_string();
+    for p in parts {
+        text.push('.');
+        text.push_str(p);
+    }
+    Some((text, major, OLD_DRIVER_MAJOR))
+}
+
+/// Whether any driver label, new or old, is on the node.
+fn has_driver_label(n: &NodeView<'_>) -> bool {
+    [DRIVER_FULL, DRIVER_MAJOR, OLD_DRIVER_MAJOR]
+        .iter()
+        .any(|k| n.label(k).is_some())
+}
+
+/// A GPU node whose kubelet stopped reporting (Ready False/Unknown, or the lifecycle taints).
+fn not_ready(c: &Cluster<'_>, n: &NodeView<'_>) -> Option<Finding> {
+    if n.not_ready().is_none() && !n.lifecycle_tainted() {
+        return None;
+    }
+    let why = n.unavailable(c.now()).unwrap_or_default();
+    let mut f = Finding::new(
+        Severity::Warning,
+        Category::Node,
+        "gpu-node-not-ready",
+        format!(
+            "GPU node {} is NotReady: its {} GPUs take no pods",
+            n.name,
+            n.gpu_count()
+        ),
+    )
+    .object(ObjectRef::node(n.name))
+    .evidence(why);
+    let lifecycle: Vec<String> = n
+        .taints
+        .iter()
+        .filter(|t| crate::cluster::LIFECYCLE_TAINTS.contains(&t.key.as_str()))
+        .map(crate::fit::describe_taint)
+        .collect();
+    if !lifecycle.is_empty() {
+        f = f.evidence(format!(
+            "taints set by the node lifecycle controller: {}",
+            lifecycle.join(", ")
+        ));
+    }
+    Some(
+        f.fix(format!(
+            "the taints lift by themselves when the kubelet reports again (do not remove them or \
+             tolerate them): check the node (kubectl describe node {0}: conditions and last heartbeat); \
+             on it: systemctl status kubelet, journalctl -u kubelet, the container runtime, its network \
+             to the API server; a node that stays down: kubectl drain {0} --ignore-daemonsets and replace it",
+            n.name
+        ))
+        .command(format!("kubectl describe node {}", n.name)),
+    )
 }
 
 fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
@@ -92,17 +164,24 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
         ));
         f = f.object(ObjectRef::pod(ns, name));
     }
-    let agent_hint = match n.agents.first() {
-        Some(a) => format!(
-            "kubectl -n {} logs {}",
-            a.metadata.namespace.as_deref().unwrap_or("NS"),
-            a.metadata.name.as_deref().unwrap_or("POD")
-        ),
-        None => format!(
-            "no agent or device plugin pod runs on {}: check the DaemonSet's nodeSelector/tolerations (kubectl get ds -A -o wide)",
-            n.name
+    let (agent_hint, agent_cmd) = match n.agents.first() {
+        Some(a) => {
+            let cmd = format!(
+                "kubectl -n {} logs {}",
+                a.metadata.namespace.as_deref().unwrap_or("default"),
+                a.metadata.name.as_deref().unwrap_or("")
+            );
+            (cmd.clone(), cmd)
+        }
+        None => (
+            format!(
+                "no agent or device plugin pod runs on {}: check the DaemonSet's nodeSelector/tolerations (kubectl get ds -A -o wide)",
+                n.name
+            ),
+            "kubectl get ds -A -o wide".to_string(),
         ),
     };
+    f = f.command(agent_cmd);
     if matches!(mig_state, Some("pending" | "rebooting")) {
         f.severity = Severity::Info;
         f.title = format!(
@@ -113,6 +192,7 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
             "wait for the MIG reconfiguration to finish (the state becomes success); see the MIG finding if it takes long",
         ));
     }
+    f = f.command(format!("kubectl describe node {}", n.name));
     let fix = if capacity > 0 {
         f.title = format!(
             "GPU node {} has {capacity} GPU devices, all unhealthy",
@@ -123,7 +203,7 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
              (kubectl describe node {}) and the agent's log ({agent_hint})",
             n.name
         )
-    } else if n.label(DRIVER_FULL).is_none() && n.label(DRIVER_MAJOR).is_none() {
+    } else if !has_driver_label(n) {
         f.title = format!(
             "GPU node {}: no device plugin registered and no driver version label",
             n.name
@@ -146,7 +226,7 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
 }
 
 fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
-    let (full, major) = driver(n)?;
+    let (full, major, from) = driver(n)?;
     let model = node_model(n);
     if let Some(m) = model
         && major < m.min_driver_major
@@ -159,13 +239,15 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
                 format!("Node {}: driver {full} is older than {} needs", n.name, m.key),
             )
             .object(ObjectRef::node(n.name))
-            .evidence(format!("{DRIVER_FULL}={full}; {} needs driver R{} or newer", m.key, m.min_driver_major))
+            .evidence(format!("{from}={}; {} needs driver R{} or newer", n.label(from).unwrap_or(""), m.key, m.min_driver_major))
+            .evidence(format!("driver {full}"))
             .fix(format!(
                 "upgrade the NVIDIA driver on {} to R{} or newer (drain first: kubectl drain {} --ignore-daemonsets)",
                 n.name,
                 m.min_driver_major.max(o.min_driver_major),
                 n.name
-            )),
+            ))
+            .command(format!("kubectl drain {} --ignore-daemonsets", n.name)),
         );
     }
     (major < o.min_driver_major).then(|| {
@@ -176,11 +258,14 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
             format!("Node {}: driver {full} is older than R{}", n.name, o.min_driver_major),
         )
         .object(ObjectRef::node(n.name))
-        .evidence(format!("{DRIVER_FULL}={full}"))
+        .evidence(format!("{from}={}", n.label(from).unwrap_or("")))
+        .evidence(format!("driver {full}"))
         .fix(format!(
-            "upgrade to a supported branch (R{} or newer): kubectl drain {} --ignore-daemonsets, install the driver, reboot, uncordon",
-            o.min_driver_major, n.name
+            "upgrade to a supported branch (R{} or newer): kubectl drain {} --ignore-daemonsets, install the driver, reboot, kubectl uncordon {}",
+            o.min_driver_major, n.name, n.name
         ))
+        .command(format!("kubectl drain {} --ignore-daemonsets", n.name))
+        .command(format!("kubectl uncordon {}", n.name))
     })
 }
 
@@ -195,9 +280,11 @@ fn pool_of<'a>(n: &'a NodeView<'_>) -> (String, &'a str) {
 
 fn mixed_drivers(c: &Cluster<'_>) -> Vec<Finding> {
     // pool -> driver -> nodes
-    let mut pools: BTreeMap<(String, &str), BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+    let mut pools: BTreeMap<(String, &str), BTreeMap<String, Vec<&str>>> = BTreeMap::new();
     for n in c.gpu_nodes() {
-        let Some((full, _)) = driver(n) else { continue };
+        let Some((full, _, _)) = driver(n) else {
+            continue;
+        };
         pools
             .entry(pool_of(n))
             .or_default()
@@ -212,8 +299,8 @@ fn mixed_drivers(c: &Cluster<'_>) -> Vec<Finding> {
             let newest = drivers
                 .keys()
                 .max_by_key(|v| v.split('.').map(|p| p.parse::<u64>().unwrap_or(0)).collect::<Vec<_>>())
-                .copied()
-                .unwrap_or("");
+                .cloned()
+                .unwrap_or_default();
             let stragglers: Vec<&str> = drivers
                 .iter()
                 .filter(|(v, _)| **v != newest)
@@ -282,6 +369,73 @@ mod tests {
         let p = running(pod("ml", "all", &[("nvidia.com/gpu", 8)]), "gpu-5");
         let f = run(&snapshot(vec![full, node("cpu-1")], vec![p], vec![]));
         assert!(with_code(&f, "zero-allocatable").is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn not_ready_gpu_nodes() {
+        let mut a = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+        ready(
+            &mut a,
+            "Unknown",
+            "NodeStatusUnknown",
+            "Kubelet stopped posting node status.",
+            600,
+        );
+        taint(&mut a, "node.kubernetes.io/unreachable", "", "NoSchedule");
+        let f = run(&snapshot(
+            vec![a, gpu_node("gpu-2", "nvidia.com/gpu", 8)],
+            vec![],
+            vec![],
+        ));
+        let got = one(&f, "gpu-node-not-ready");
+        assert_eq!(got.objects[0].name, "gpu-1");
+        assert!(
+            got.evidence[0].contains("NotReady for 10m (Ready=Unknown NodeStatusUnknown")
+                && got.evidence[1].contains("node.kubernetes.io/unreachable:NoSchedule"),
+            "{got:#?}"
+        );
+        // NotReady nodes are not cost findings (their taints are not "no one tolerates").
+        assert!(with_code(&f, "unusable-free-gpus").is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn older_gfd_driver_labels_are_read() {
+        // GFD before the cuda.driver-version.* form wrote cuda.driver.major/minor/rev.
+        let mut old = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+        unlabel(&mut old, "nvidia.com/cuda.driver-version.full");
+        unlabel(&mut old, "nvidia.com/cuda.driver-version.major");
+        label(&mut old, "nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB");
+        label(&mut old, "nvidia.com/cuda.driver.major", "470");
+        label(&mut old, "nvidia.com/cuda.driver.minor", "57");
+        label(&mut old, "nvidia.com/cuda.driver.rev", "02");
+        let f = run(&snapshot(vec![old.clone()], vec![], vec![]));
+        let got = one(&f, "driver-too-old");
+        assert!(
+            got.evidence
+                .iter()
+                .any(|e| e == "nvidia.com/cuda.driver.major=470")
+                && got.evidence.iter().any(|e| e == "driver 470.57.02"),
+            "{got:#?}"
+        );
+        // Look-alike: a current driver in the old labels is fine, and counts as a driver label
+        // (a node with no plugin is then "not registered", not "no driver").
+        let mut new = old.clone();
+        label(&mut new, "nvidia.com/cuda.driver.major", "550");
+        assert!(
+            with_code(
+                &run(&snapshot(vec![new.clone()], vec![], vec![])),
+                "driver-too-old"
+            )
+            .is_empty()
+        );
+        let mut bare = node("gpu-2");
+        label(&mut bare, "nvidia.com/gpu.present", "true");
+        label(&mut bare, "nvidia.com/cuda.driver.major", "550");
+        let f = run(&snapshot(vec![bare], vec![], vec![]));
+        assert!(
+            one(&f, "zero-allocatable").title.contains("not registered"),
+            "{f:#?}"
+        );
     }
 
     #[test]

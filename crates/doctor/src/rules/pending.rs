@@ -1,6 +1,7 @@
-//! Pending GPU pods: the real reason, computed from fits (GPUs free per node, taints, selectors),
-//! with the scheduler's FailedScheduling text as evidence.
+//! Pending GPU pods: the real reason, computed from fits (GPUs free per node, CPU and memory,
+//! taints, selectors, nodes that are down), with the scheduler's FailedScheduling text as evidence.
 
+use super::moves::{Ledger, Plan};
 use super::{configs_offering, node_model};
 use crate::Options;
 use crate::cluster::{
@@ -20,11 +21,42 @@ const LISTED: usize = 6;
 pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     let gpu_nodes: Vec<&NodeView<'_>> = c.gpu_nodes().collect();
     let mut configs: Option<MigPartedConfig> = None;
-    c.gpu_pods
+    // Oldest first, as the scheduler's queue roughly goes: the room one pod's moves make is not
+    // offered to the next.
+    let mut pending: Vec<&PodView<'_>> =
+        c.gpu_pods.iter().filter(|p| p.pending_unbound()).collect();
+    pending.sort_by_key(|p| (p.created(), p.namespace, p.name));
+    let mut ledger = Ledger::new(c);
+    let mut waiting: BTreeMap<String, (usize, i64)> = BTreeMap::new();
+    for p in &pending {
+        for (r, n) in &p.gpus {
+            let e = waiting.entry(r.clone()).or_default();
+            e.0 += 1;
+            e.1 += n;
+        }
+    }
+    let mut ctx = Ctx {
+        c,
+        o,
+        gpu_nodes: &gpu_nodes,
+        configs: &mut configs,
+        ledger: &mut ledger,
+        waiting: &waiting,
+    };
+    pending
         .iter()
-        .filter(|p| p.pending_unbound())
-        .filter_map(|p| diagnose_pod(c, o, p, &gpu_nodes, &mut configs))
+        .filter_map(|p| diagnose_pod(&mut ctx, p))
         .collect()
+}
+
+struct Ctx<'c, 'a> {
+    c: &'c Cluster<'a>,
+    o: &'c Options,
+    gpu_nodes: &'c [&'c NodeView<'a>],
+    configs: &'c mut Option<MigPartedConfig>,
+    ledger: &'c mut Ledger,
+    /// Per resource: pending pods asking for it, and how many they ask for together.
+    waiting: &'c BTreeMap<String, (usize, i64)>,
 }
 
 /// What the scheduler said: the newest FailedScheduling event, else the PodScheduled condition.
@@ -69,16 +101,30 @@ fn with_scheduler(mut f: Finding, said: &Option<(String, String)>) -> Finding {
     f
 }
 
-fn diagnose_pod(
-    c: &Cluster<'_>,
-    o: &Options,
-    p: &PodView<'_>,
-    gpu_nodes: &[&NodeView<'_>],
-    configs: &mut Option<MigPartedConfig>,
-) -> Option<Finding> {
+/// Whether a node could serve the pod's GPUs once it works again: it offers them, or it offers
+/// nothing at all yet (no device plugin), says it has GPUs, and the pod asks for whole GPUs.
+fn could_serve(n: &NodeView<'_>, p: &PodView<'_>) -> bool {
+    p.gpus.keys().all(|r| n.offers(r))
+        || (n.capacity.is_empty()
+            && n.allocatable.is_empty()
+            && (n.label(crate::cluster::GPU_PRESENT) == Some("true") || n.gpu_count() > 0)
+            && p.gpus.keys().all(|r| r == GPU))
+}
+
+fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
+    let c = x.c;
+    let gpu_nodes = x.gpu_nodes;
     let said = scheduler_says(c, p);
     let want = resources::describe(&p.gpus);
     let who = format!("{}/{}", p.namespace, p.name);
+    // GPU nodes the pod's constraints pick that are down (NotReady, no plugin, MIG failed...).
+    let down: Vec<(&NodeView<'_>, String)> = gpu_nodes
+        .iter()
+        .copied()
+        .filter(|n| fit::selects(p.pod, n.name, n.labels) && could_serve(n, p))
+        .filter_map(|n| n.unavailable(c.now()).map(|why| (n, why)))
+        .collect();
+    let is_up = |n: &&NodeView<'_>| n.unavailable(c.now()).is_none();
 
     // 1. The nodes the pod's constraints pick offer other GPU resources (a MIG pool asked for whole
     // GPUs, a shared pool asked for several replicas...).
@@ -95,7 +141,9 @@ fn diagnose_pod(
                 .iter()
                 .find(|(r, _)| !picked.iter().any(|node| node.offers(r)))
                 .map_or((GPU, 1), |(r, n)| (r.as_str(), *n));
-            let configs = configs.get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
+            let configs = x
+                .configs
+                .get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
             let mut f = mismatch(p, r, n, &picked, configs);
             f.title = format!("Pod {who} asks for {r}, which the nodes it selects do not offer");
             f.evidence.insert(
@@ -110,10 +158,15 @@ fn diagnose_pod(
         }
     }
 
-    // 2. A resource no node offers at all.
+    // 2. A resource no node offers at all (unless nodes that would are down).
     for (r, n) in &p.gpus {
-        if !gpu_nodes.iter().any(|node| node.offers(r)) {
-            let configs = configs.get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
+        if !gpu_nodes.iter().any(|node| node.offers(r) && is_up(node)) {
+            if !down.is_empty() {
+                return Some(with_scheduler(unavailable(c, p, &down, None), &said));
+            }
+            let configs = x
+                .configs
+                .get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
             let f = mismatch(p, r, *n, gpu_nodes, configs);
             return Some(with_scheduler(f, &said));
         }
@@ -135,27 +188,31 @@ fn diagnose_pod(
         return Some(with_scheduler(f, &said));
     }
 
-    // 2. nodeSelector / required node affinity.
+    // 3. nodeSelector / required node affinity, then the nodes that are up.
     let selected: Vec<&NodeView<'_>> = offering
         .iter()
         .copied()
         .filter(|n| fit::selects(p.pod, n.name, n.labels))
         .collect();
-    if selected.is_empty() {
+    let up: Vec<&NodeView<'_>> = selected.iter().copied().filter(is_up).collect();
+    if up.is_empty() {
+        if !down.is_empty() {
+            return Some(with_scheduler(unavailable(c, p, &down, None), &said));
+        }
         return Some(with_scheduler(
             selector_mismatch(p, &offering, &want),
             &said,
         ));
     }
 
-    // 3. Taints.
+    // 4. Taints.
     let has_room = |n: &NodeView<'_>| p.gpus.iter().all(|(r, need)| n.free(r) >= *need);
-    let tolerated: Vec<&NodeView<'_>> = selected
+    let tolerated: Vec<&NodeView<'_>> = up
         .iter()
         .copied()
         .filter(|n| fit::untolerated(p.pod, &n.taints).is_empty())
         .collect();
-    let tainted_with_room: Vec<&NodeView<'_>> = selected
+    let tainted_with_room: Vec<&NodeView<'_>> = up
         .iter()
         .copied()
         .filter(|n| !fit::untolerated(p.pod, &n.taints).is_empty() && has_room(n))
@@ -164,26 +221,50 @@ fn diagnose_pod(
         || (!tolerated.iter().any(|n| has_room(n)) && !tainted_with_room.is_empty())
     {
         let blocking = if tainted_with_room.is_empty() {
-            &selected
+            &up
         } else {
             &tainted_with_room
         };
-        return Some(with_scheduler(untolerated(p, blocking, &want), &said));
+        let mut f = untolerated(p, blocking, &want);
+        f = down_evidence(f, c, &down);
+        return Some(with_scheduler(f, &said));
     }
 
-    // 4. Larger than any node.
+    // 5. Larger than any node.
     let big_enough: Vec<&NodeView<'_>> = tolerated
         .iter()
         .copied()
         .filter(|n| p.gpus.iter().all(|(r, need)| n.allocatable_of(r) >= *need))
         .collect();
     if big_enough.is_empty() {
+        let down_big: Vec<(&NodeView<'_>, String)> = down
+            .iter()
+            .filter(|(n, _)| p.gpus.values().all(|need| n.gpu_count() >= *need))
+            .cloned()
+            .collect();
+        if !down_big.is_empty() {
+            let why = format!(
+                "the nodes that are up have at most {} allocatable",
+                p.gpus
+                    .keys()
+                    .map(|r| {
+                        let max = tolerated.iter().map(|n| n.allocatable_of(r)).max();
+                        format!("{} {r}", max.unwrap_or(0))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return Some(with_scheduler(
+                unavailable(c, p, &down_big, Some(why)),
+                &said,
+            ));
+        }
         return Some(with_scheduler(too_big(p, &tolerated, &want), &said));
     }
 
-    // 5. Room somewhere?
+    // 6. Room somewhere?
     if tolerated.iter().any(|n| has_room(n)) {
-        return fits_anyway(c, o, p, &said, &want);
+        return fits_anyway(x, p, &tolerated, &said, &want);
     }
     let short: Vec<(&String, i64, i64)> = p
         .gpus
@@ -191,24 +272,195 @@ fn diagnose_pod(
         .map(|(r, need)| (r, *need, tolerated.iter().map(|n| n.free(r)).sum::<i64>()))
         .collect();
     let f = if short.iter().all(|(_, need, free)| free >= need) {
-        fragmentation(c, p, &tolerated, &want)
+        down_evidence(fragmentation(x, p, &tolerated, &want), c, &down)
+    } else if !down.is_empty() {
+        let why = short
+            .iter()
+            .map(|(r, need, free)| {
+                format!("{r}: {need} needed, {free} free on the nodes that are up")
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        unavailable(c, p, &down, Some(why))
     } else {
-        insufficient(p, &tolerated, &short, &want)
+        insufficient(x, p, &tolerated, &short, &want)
     };
     Some(with_scheduler(f, &said))
 }
 
-fn fits_anyway(
+/// The pod waits for GPU nodes that are down: say which and why, not "scale up" or "tolerate".
+fn unavailable(
     c: &Cluster<'_>,
-    o: &Options,
     p: &PodView<'_>,
+    down: &[(&NodeView<'_>, String)],
+    short: Option<String>,
+) -> Finding {
+    let who = format!("{}/{}", p.namespace, p.name);
+    let gpus: i64 = down.iter().map(|(n, _)| n.gpu_count()).sum();
+    let not_ready: Vec<&NodeView<'_>> = down
+        .iter()
+        .filter(|(n, _)| n.not_ready().is_some() || n.lifecycle_tainted())
+        .map(|(n, _)| *n)
+        .collect();
+    let all_not_ready = not_ready.len() == down.len();
+    let title = if all_not_ready {
+        format!(
+            "Pod {who} waits for {} NotReady GPU node{}",
+            down.len(),
+            if down.len() == 1 { "" } else { "s" }
+        )
+    } else {
+        format!(
+            "Pod {who} waits for GPU nodes that are unavailable: {gpus} GPUs on {} node{}",
+            down.len(),
+            if down.len() == 1 { "" } else { "s" }
+        )
+    };
+    let mut f = base(Severity::Warning, "gpu-nodes-unavailable", title, p).evidence(format!(
+        "{gpus} GPUs on {} node{} the pod could use {} unavailable: {}",
+        down.len(),
+        if down.len() == 1 { "" } else { "s" },
+        if down.len() == 1 { "is" } else { "are" },
+        list_some(
+            down.iter().map(|(n, why)| format!("{} ({why})", n.name)),
+            LISTED
+        )
+    ));
+    if let Some(s) = short {
+        f = f.evidence(s);
+    }
+    for (n, _) in down.iter().take(LISTED) {
+        f = f.object(ObjectRef::node(n.name));
+    }
+    let first = down.first().map_or("NODE", |(n, _)| n.name);
+    let mut fix = if all_not_ready {
+        format!(
+            "do not add tolerations or remove the node.kubernetes.io taints: the node lifecycle \
+             controller set them because the kubelet stopped reporting, and the pod schedules by \
+             itself when the node{} {} Ready again. Check why: kubectl describe node {first} \
+             (conditions, last heartbeat); on the node: systemctl status kubelet, journalctl -u \
+             kubelet, its network to the API server, disk and memory pressure",
+            if down.len() == 1 { "" } else { "s" },
+            if down.len() == 1 { "is" } else { "are" },
+        )
+    } else {
+        format!(
+            "repair these nodes first (see their node, MIG and health findings: kubectl describe \
+             node {first}); the pod fits once they are back, so adding nodes is not the fix"
+        )
+    };
+    let _ = c;
+    if !all_not_ready && !not_ready.is_empty() {
+        fix.push_str("; NotReady nodes recover by themselves once their kubelet reports again");
+    }
+    f = f.fix(fix);
+    for (n, _) in down.iter().take(LISTED) {
+        f = f.command(format!("kubectl describe node {}", n.name));
+    }
+    f
+}
+
+/// Adds one line about the down nodes to another pending-pod finding.
+fn down_evidence(f: Finding, c: &Cluster<'_>, down: &[(&NodeView<'_>, String)]) -> Finding {
+    let _ = c;
+    if down.is_empty() {
+        return f;
+    }
+    let gpus: i64 = down.iter().map(|(n, _)| n.gpu_count()).sum();
+    f.evidence(format!(
+        "also {gpus} GPUs on {} node{} the pod could use are unavailable: {}",
+        down.len(),
+        if down.len() == 1 { "" } else { "s" },
+        list_some(
+            down.iter().map(|(n, why)| format!("{} ({why})", n.name)),
+            LISTED
+        )
+    ))
+}
+
+fn fits_anyway(
+    x: &mut Ctx<'_, '_>,
+    p: &PodView<'_>,
+    tolerated: &[&NodeView<'_>],
     said: &Option<(String, String)>,
     want: &str,
 ) -> Option<Finding> {
+    let c = x.c;
+    let o = x.o;
     let who = format!("{}/{}", p.namespace, p.name);
     let age = p
         .created()
         .map_or(i64::MAX, |t| seconds_between(c.now(), t));
+    // Judge each node with room for the GPUs by its own CPU and memory, not the message's first
+    // clause: CPU-only nodes say "Insufficient nvidia.com/gpu" while the GPU nodes lack CPU.
+    let (cpu, memory) = resources::pod_cpu_memory(p.pod);
+    let roomy: Vec<&NodeView<'_>> = tolerated
+        .iter()
+        .copied()
+        .filter(|n| p.gpus.iter().all(|(r, need)| n.free(r) >= *need))
+        .collect();
+    let short_of = |n: &NodeView<'_>| -> Vec<String> {
+        let (cpu_free, mem_free) = n.cpu_memory_free();
+        let mut out = Vec::new();
+        if let Some(f) = cpu_free
+            && f + 1e-9 < cpu
+        {
+            out.push(format!(
+                "cpu {} free of {} (needs {})",
+                resources::cores(f.max(0.0)),
+                resources::cores(n.cpu_allocatable.unwrap_or(0.0)),
+                resources::cores(cpu)
+            ));
+        }
+        if let Some(f) = mem_free
+            && f + 0.5 < memory
+        {
+            out.push(format!(
+                "memory {} free of {} (needs {})",
+                resources::bytes(f.max(0.0)),
+                resources::bytes(n.memory_allocatable.unwrap_or(0.0)),
+                resources::bytes(memory)
+            ));
+        }
+        out
+    };
+    if !roomy.iter().any(|n| short_of(n).is_empty()) {
+        let mut f = base(
+            Severity::Warning,
+            "insufficient-cpu-memory",
+            format!("Pod {who}: the GPU nodes with {want} free lack the CPU or memory it asks for"),
+            p,
+        );
+        for n in roomy.iter().take(LISTED) {
+            f = f
+                .evidence(format!(
+                    "{}: {want} free; {}",
+                    n.name,
+                    short_of(n).join(", ")
+                ))
+                .object(ObjectRef::node(n.name));
+        }
+        if roomy.len() > LISTED {
+            f = f.evidence(format!(
+                "and {} more nodes like these",
+                roomy.len() - LISTED
+            ));
+        }
+        f = f.evidence(
+            "scheduler messages count CPU-only nodes as `Insufficient nvidia.com/gpu`: each node is judged by its own shortage here".to_string(),
+        );
+        return Some(with_scheduler(
+            f.fix(format!(
+                "the GPUs are free but the pod's CPU/memory requests ({} CPU, {}) do not fit beside \
+                 the other pods on those nodes: lower the pod's requests, move CPU-only pods off the \
+                 GPU nodes (taint them nvidia.com/gpu=present:NoSchedule so only GPU pods land), or \
+                 add GPU nodes with more CPU/memory",
+                resources::cores(cpu),
+                resources::bytes(memory)
+            )),
+            said,
+        ));
+    }
     match said {
         // Merely new: the scheduler has not tried yet, and it will fit.
         None if age < o.pending_grace.as_secs() as i64 => None,
@@ -227,7 +479,8 @@ fn fits_anyway(
                     .and_then(|s| s.scheduler_name.as_deref())
                     .unwrap_or("default-scheduler")
             ))
-            .fix("check that the scheduler named by spec.schedulerName runs: kubectl -n kube-system get pods -l component=kube-scheduler"),
+            .fix("check that the scheduler named by spec.schedulerName runs: kubectl -n kube-system get pods -l component=kube-scheduler")
+            .command("kubectl -n kube-system get pods -l component=kube-scheduler"),
         ),
         Some((text, message)) => {
             let gpu_words = message.contains("nvidia.com/");
@@ -241,6 +494,10 @@ fn fits_anyway(
                         p,
                     )
                     .evidence(text.clone())
+                    .evidence(format!(
+                        "room now, GPUs, CPU and memory together: {}",
+                        list_some(roomy.iter().filter(|n| short_of(n).is_empty()).map(|n| n.name), LISTED)
+                    ))
                     .fix("nothing to do: the scheduler retries and should place it; if it stays pending, look at the newest FailedScheduling event"),
                 )
             } else {
@@ -252,7 +509,7 @@ fn fits_anyway(
                         p,
                     )
                     .evidence(text.clone())
-                    .fix("the GPUs are not the problem: fix what the scheduler names (CPU, memory, volumes, pod affinity or topology spread)"),
+                    .fix("the GPUs are not the problem: fix what the scheduler names (volumes, pod affinity, topology spread, ports)"),
                 )
             }
         }
@@ -272,7 +529,16 @@ fn free_list(nodes: &[&NodeView<'_>], r: &str) -> String {
     )
 }
 
-fn fragmentation(c: &Cluster<'_>, p: &PodView<'_>, nodes: &[&NodeView<'_>], want: &str) -> Finding {
+const PACK_HINT: &str = "pack small GPU pods so whole nodes stay free: score GPU nodes MostAllocated \
+     (kube-scheduler NodeResourcesFit scoringStrategy with nvidia.com/gpu weighted) or run `gpuops scheduler-extender`";
+
+fn fragmentation(
+    x: &mut Ctx<'_, '_>,
+    p: &PodView<'_>,
+    nodes: &[&NodeView<'_>],
+    want: &str,
+) -> Finding {
+    let c = x.c;
     let who = format!("{}/{}", p.namespace, p.name);
     let mut f = base(
         Severity::Warning,
@@ -291,53 +557,95 @@ fn fragmentation(c: &Cluster<'_>, p: &PodView<'_>, nodes: &[&NodeView<'_>], want
             free_list(nodes, r)
         ));
     }
-    // The node closest to fitting, and the smallest pods on it whose eviction would make room.
     let (r, need) = p
         .gpus
         .iter()
         .next()
         .map_or((GPU, 1), |(r, n)| (r.as_str(), *n));
-    let best = nodes
-        .iter()
-        .filter(|n| n.allocatable_of(r) >= need)
-        .max_by_key(|n| (n.free(r), std::cmp::Reverse(n.name)));
-    let mut fix = String::from(
-        "pack small GPU pods so whole nodes stay free: score GPU nodes MostAllocated (kube-scheduler \
-         NodeResourcesFit scoringStrategy with nvidia.com/gpu weighted) or run `gpuops scheduler-extender`",
-    );
-    if let Some(node) = best {
-        let missing = need - node.free(r);
-        let mut holders: Vec<&PodView<'_>> = node
-            .gpu_pods
-            .iter()
-            .map(|&i| &c.gpu_pods[i])
-            .filter(|q| q.gpus.contains_key(r))
-            .collect();
-        holders.sort_by_key(|q| (q.gpus.get(r).copied().unwrap_or(0), q.name));
-        let mut freed = 0;
-        let mut evict = Vec::new();
-        for q in holders {
-            if freed >= missing {
-                break;
+    // Moves planned against the cluster state, the room earlier pending pods' moves take
+    // included: every moved pod must fit elsewhere (its selectors, tolerations, free GPUs).
+    match x.ledger.plan(c, p, r, need, nodes) {
+        Some(Plan { target, moves }) if moves.is_empty() => {
+            let t = &c.nodes[target];
+            f = f.object(ObjectRef::node(t.name));
+            f.fix(format!(
+                "{} has room for it once earlier moves are done; Lasting fix: {PACK_HINT}",
+                t.name
+            ))
+        }
+        Some(Plan { target, moves }) => {
+            let t = &c.nodes[target];
+            let freed: i64 = moves.iter().map(|m| m.gpus).sum();
+            let text: Vec<String> = moves
+                .iter()
+                .map(|m| {
+                    let q = &c.gpu_pods[m.pod];
+                    format!(
+                        "{}/{} ({} {r}) fits on {}",
+                        q.namespace, q.name, m.gpus, c.nodes[m.to].name
+                    )
+                })
+                .collect();
+            f = f.object(ObjectRef::node(t.name));
+            let free_now = need - freed;
+            f = f.evidence(format!(
+                "planned: {} moves free {freed} {r} on {} ({} free now): {}",
+                moves.len(),
+                t.name,
+                free_now.max(0),
+                text.join(", ")
+            ));
+            let mut cmds = Vec::new();
+            for m in &moves {
+                let q = &c.gpu_pods[m.pod];
+                cmds.push(format!("kubectl -n {} delete pod {}", q.namespace, q.name));
             }
-            freed += q.gpus.get(r).copied().unwrap_or(0);
-            evict.push(format!("{}/{}", q.namespace, q.name));
+            f = f.fix(format!(
+                "make room on {}: delete {} so their controllers recreate them (each fits on another \
+                 node: {}); {who} then fits on {}. Until pods are packed the scheduler may put a \
+                 recreated pod back there: give {who} a higher priorityClassName so it preempts instead. \
+                 Lasting fix: {PACK_HINT}",
+                t.name,
+                moves
+                    .iter()
+                    .map(|m| {
+                        let q = &c.gpu_pods[m.pod];
+                        format!("{}/{}", q.namespace, q.name)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                text.join(", "),
+                t.name
+            ));
+            for cmd in cmds {
+                f = f.command(cmd);
+            }
+            f
         }
-        if freed >= missing && !evict.is_empty() {
-            fix = format!(
-                "make room on {}: it has {} of {need} free; moving {} elsewhere frees {missing} more \
-                 (kubectl delete pod -n NS NAME lets its controller recreate it elsewhere). Lasting fix: {fix}",
-                node.name,
-                node.free(r),
-                evict.join(", ")
+        None => {
+            let (count, together) = x.waiting.get(r).copied().unwrap_or((1, need));
+            let total: i64 = nodes.iter().map(|n| n.free(r)).sum();
+            f.title = format!(
+                "Pod {who} needs {want} on one node: GPUs are free only in pieces, and no move makes room"
             );
+            if count > 1 {
+                f = f.evidence(format!(
+                    "{count} pending pods ask for {together} {r} together; {total} are free on the eligible nodes"
+                ));
+            }
+            f = f.evidence(format!(
+                "no set of moves frees {need} {r} on one node: the pods holding them are bare pods or fit nowhere else (room already planned for earlier pending pods counted)"
+            ));
+            f.fix(format!(
+                "capacity is short: add a node with {need} free {r} (scale the pool up) or wait for \
+                 running GPU pods to finish; moving pods cannot make room. Lasting fix: {PACK_HINT}"
+            ))
         }
-        f = f.object(ObjectRef::node(node.name));
     }
-    f.fix(fix)
 }
 
 fn insufficient(
+    x: &mut Ctx<'_, '_>,
     p: &PodView<'_>,
     nodes: &[&NodeView<'_>],
     short: &[(&String, i64, i64)],
@@ -363,13 +671,20 @@ fn insufficient(
             nodes.len(),
             free_list(nodes, r)
         ));
+        if let Some((count, together)) = x.waiting.get(r.as_str())
+            && *count > 1
+        {
+            f = f.evidence(format!(
+                "{count} pending pods ask for {together} {r} together"
+            ));
+        }
     }
     let pool = products
         .iter()
         .max_by_key(|(_, n)| **n)
         .map_or("GPU", |(p, _)| *p);
     f.fix(format!(
-        "add GPU capacity (scale the {pool} node pool up by at least one node) or free GPUs: \
+        "capacity is short: add GPU capacity (scale the {pool} node pool up by at least one node) or free GPUs: \
          look for idle allocated GPUs (`gpuops top pods`) and finished jobs holding them"
     ))
 }
@@ -437,7 +752,7 @@ fn selector_mismatch(p: &PodView<'_>, offering: &[&NodeView<'_>], want: &str) ->
     f.fix(match suggestion {
         Some(s) => format!(
             "change the pod's nodeSelector/affinity to a value the GPU nodes have, e.g. `{s}`, or \
-             label the intended nodes (kubectl label node NODE KEY=VALUE)"
+             label the intended nodes with it"
         ),
         None => {
             "remove or correct the pod's nodeSelector/affinity, or label the intended GPU nodes"
@@ -476,6 +791,7 @@ fn untolerated(p: &PodView<'_>, nodes: &[&NodeView<'_>], want: &str) -> Finding 
         ));
     }
     let mut fixes = Vec::new();
+    let mut uncordon = None;
     let tolerable: Vec<&Taint> = taints
         .values()
         .map(|(t, _)| t)
@@ -504,6 +820,7 @@ fn untolerated(p: &PodView<'_>, nodes: &[&NodeView<'_>], want: &str) -> Finding 
             "uncordon when maintenance is done: kubectl uncordon {}",
             names.join(" ")
         ));
+        uncordon = Some(format!("kubectl uncordon {}", names.join(" ")));
     }
     if taints
         .values()
@@ -517,7 +834,7 @@ fn untolerated(p: &PodView<'_>, nodes: &[&NodeView<'_>], want: &str) -> Finding 
             break;
         }
     }
-    f.fix(fixes.join("\n"))
+    f.fix(fixes.join("\n")).commands_from(uncordon)
 }
 
 /// Everything GPU-ish the nodes offer: resource -> (nodes, allocatable in total).
@@ -604,11 +921,22 @@ fn mismatch(
     }
     if r == GPU {
         if !migs.is_empty() {
+            let mig_node = gpu_nodes
+                .iter()
+                .find(|node| {
+                    node.allocatable
+                        .keys()
+                        .any(|k| resources::mig_profile(k).is_some())
+                })
+                .map_or("NODE", |node| node.name);
+            let off = format!(
+                "kubectl label node {mig_node} nvidia.com/mig.config=all-disabled --overwrite"
+            );
             return finding("resource-mismatch")
+                .command(off.clone())
                 .evidence("nodes run MIG with strategy mixed: whole GPUs are advertised as nvidia.com/mig-<profile>, not nvidia.com/gpu")
                 .fix(format!(
-                    "request a MIG instance instead, e.g. `{}: {n}` (offered: {}), or turn MIG off on a node: \
-                     kubectl label node NODE nvidia.com/mig.config=all-disabled --overwrite",
+                    "request a MIG instance instead, e.g. `{}: {n}` (offered: {}), or turn MIG off on a node: {off}",
                     migs[migs.len() - 1],
                     list_some(migs.iter(), 8)
                 ));
@@ -687,11 +1015,15 @@ fn mig_not_offered(
         } else {
             String::new()
         };
-        return f.fix(format!(
-            "repartition a node: kubectl label node {} nvidia.com/mig.config={config} --overwrite{also}; \
-             or request a profile that is offered",
+        let cmd = format!(
+            "kubectl label node {} nvidia.com/mig.config={config} --overwrite",
             nodes.first().copied().unwrap_or("NODE")
-        ));
+        );
+        return f
+            .fix(format!(
+                "repartition a node: {cmd}{also}; or request a profile that is offered"
+            ))
+            .command(cmd);
     }
     // No model in the cluster has it: suggest the same-size profile of the models present.
     let slices = profile
@@ -797,14 +1129,228 @@ mod tests {
         }
     }
 
+    /// A pod a ReplicaSet owns (deleting it makes the controller create it again).
+    fn owned(mut p: k8s_openapi::api::core::v1::Pod) -> k8s_openapi::api::core::v1::Pod {
+        p.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "ReplicaSet".into(),
+                name: "rs".into(),
+                uid: "u".into(),
+                controller: Some(true),
+                ..Default::default()
+            },
+        ]);
+        p
+    }
+
     #[test]
-    fn fragmentation_fix_names_pods_to_move() {
+    fn no_move_is_advised_when_the_moved_pods_fit_nowhere_else() {
+        // 2 free on each node, the holders need 6 each: moving them cannot make room.
         let (nodes, mut pods) = three_nodes_two_free_each();
         pods.push(pod("ml", "train", &[("nvidia.com/gpu", 4)]));
         let f = run(&snapshot(nodes, pods, vec![]));
         let got = one(&f, "fragmentation");
-        assert!(got.fix.contains("make room on gpu-"), "{}", got.fix);
-        assert!(got.fix.contains("ml/busy-"), "{}", got.fix);
+        assert!(
+            got.fix.starts_with("capacity is short") && !got.fix.contains("make room on"),
+            "{}",
+            got.fix
+        );
+        assert!(got.commands.is_empty(), "{got:#?}");
+    }
+
+    #[test]
+    fn moves_are_computed_and_the_room_is_not_promised_twice() {
+        // gpu-1: three 2-GPU pods (2 free); gpu-2 and gpu-3: one 5-GPU pod each (3 free).
+        let nodes: Vec<_> = (1..=3)
+            .map(|i| gpu_node(&format!("gpu-{i}"), "nvidia.com/gpu", 8))
+            .collect();
+        let mut pods: Vec<_> = ["a", "b", "c"]
+            .iter()
+            .map(|n| owned(running(pod("ml", n, &[("nvidia.com/gpu", 2)]), "gpu-1")))
+            .collect();
+        pods.push(owned(running(
+            pod("ml", "big-2", &[("nvidia.com/gpu", 5)]),
+            "gpu-2",
+        )));
+        pods.push(owned(running(
+            pod("ml", "big-3", &[("nvidia.com/gpu", 5)]),
+            "gpu-3",
+        )));
+        pods.push(created(pod("ml", "first", &[("nvidia.com/gpu", 4)]), 900));
+        pods.push(created(pod("ml", "second", &[("nvidia.com/gpu", 4)]), 800));
+        let f = run(&snapshot(nodes, pods, vec![]));
+        let frag = with_code(&f, "fragmentation");
+        assert_eq!(frag.len(), 2, "{f:#?}");
+        let first = frag.iter().find(|f| f.objects[0].name == "first").unwrap();
+        assert!(first.fix.starts_with("make room on gpu-1"), "{}", first.fix);
+        assert!(
+            first.fix.contains("(2 nvidia.com/gpu) fits on gpu-2"),
+            "{}",
+            first.fix
+        );
+        assert_eq!(first.commands.len(), 1, "{first:#?}");
+        assert!(first.commands[0].starts_with("kubectl -n ml delete pod "));
+        // The second would need the same room: capacity is short, said plainly.
+        let second = frag.iter().find(|f| f.objects[0].name == "second").unwrap();
+        assert!(
+            second.fix.starts_with("capacity is short"),
+            "{}",
+            second.fix
+        );
+        assert!(
+            second
+                .evidence
+                .iter()
+                .any(|e| e.contains("2 pending pods ask for 8 nvidia.com/gpu together")),
+            "{second:#?}"
+        );
+    }
+
+    #[test]
+    fn not_ready_nodes_are_not_taints_to_tolerate() {
+        // What the node lifecycle controller leaves: Ready=Unknown and the not-ready/unreachable
+        // taints (NoSchedule beside the NoExecute ones).
+        let mut a = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+        ready(
+            &mut a,
+            "Unknown",
+            "NodeStatusUnknown",
+            "Kubelet stopped posting node status.",
+            300,
+        );
+        taint(&mut a, "node.kubernetes.io/unreachable", "", "NoSchedule");
+        taint(&mut a, "node.kubernetes.io/unreachable", "", "NoExecute");
+        let msg = "0/2 nodes are available: 1 node(s) had untolerated taint {node.kubernetes.io/unreachable: }, 1 Insufficient nvidia.com/gpu.";
+        let p = unschedulable(pod("ml", "train", &[("nvidia.com/gpu", 2)]), msg);
+        let f = run(&snapshot(vec![a, node("cpu-1")], vec![p], vec![]));
+        assert!(with_code(&f, "untolerated-taint").is_empty(), "{f:#?}");
+        let got = one(&f, "gpu-nodes-unavailable");
+        assert!(
+            got.title.contains("waits for 1 NotReady GPU node"),
+            "{got:#?}"
+        );
+        assert!(
+            got.evidence.iter().any(|e| e.contains(
+                "gpu-1 (NotReady for 5m (Ready=Unknown NodeStatusUnknown: Kubelet stopped posting node status.))"
+            )),
+            "{got:#?}"
+        );
+        assert!(
+            got.fix.contains("schedules by itself") && !got.fix.contains("tolerations:\n"),
+            "{}",
+            got.fix
+        );
+        assert_eq!(got.commands, vec!["kubectl describe node gpu-1"]);
+
+        // Look-alike: a Ready node with a taint the pod lacks is still the taint's finding.
+        let mut b = gpu_node("gpu-2", "nvidia.com/gpu", 8);
+        taint(&mut b, "dedicated", "ml", "NoSchedule");
+        let f = run(&snapshot(
+            vec![b],
+            vec![pod("ml", "train", &[("nvidia.com/gpu", 2)])],
+            vec![],
+        ));
+        one(&f, "untolerated-taint");
+    }
+
+    #[test]
+    fn pending_pods_point_at_the_broken_nodes_that_explain_them() {
+        // One working node full, three broken: no plugin, MIG failed, NotReady.
+        let full = gpu_node("ok-1", "nvidia.com/gpu", 8);
+        let mut noplugin = node("np-1");
+        label(&mut noplugin, "nvidia.com/gpu.present", "true");
+        label(&mut noplugin, "nvidia.com/gpu.count", "8");
+        let mut migfail = gpu_node("mf-1", "nvidia.com/gpu", 8);
+        label(&mut migfail, "nvidia.com/mig.config", "all-1g.10gb");
+        label(&mut migfail, "nvidia.com/mig.config.state", "failed");
+        let mut down = gpu_node("nr-1", "nvidia.com/gpu", 8);
+        ready(
+            &mut down,
+            "False",
+            "KubeletNotReady",
+            "container runtime is down",
+            120,
+        );
+        let pods = vec![
+            running(pod("a", "x", &[("nvidia.com/gpu", 8)]), "ok-1"),
+            pod("ml", "train", &[("nvidia.com/gpu", 4)]),
+        ];
+        let f = run(&snapshot(
+            vec![full.clone(), noplugin, migfail, down],
+            pods,
+            vec![],
+        ));
+        assert!(with_code(&f, "insufficient-gpus").is_empty(), "{f:#?}");
+        let got = one(&f, "gpu-nodes-unavailable");
+        assert!(
+            got.evidence[1].starts_with("24 GPUs on 3 nodes the pod could use are unavailable: "),
+            "{got:#?}"
+        );
+        let e = &got.evidence[1];
+        assert!(
+            e.contains("np-1 (no device plugin registered")
+                && e.contains("mf-1 (MIG config all-1g.10gb failed)")
+                && e.contains("nr-1 (NotReady for 2m (Ready=False KubeletNotReady"),
+            "{e}"
+        );
+        assert!(
+            got.fix.contains("adding nodes is not the fix"),
+            "{}",
+            got.fix
+        );
+
+        // Look-alike: nothing broken, the cluster is just full: scale up.
+        let pods = vec![
+            running(pod("a", "x", &[("nvidia.com/gpu", 8)]), "ok-1"),
+            pod("ml", "train", &[("nvidia.com/gpu", 4)]),
+        ];
+        let f = run(&snapshot(vec![full], pods, vec![]));
+        assert!(one(&f, "insufficient-gpus").fix.contains("scale the"));
+    }
+
+    #[test]
+    fn gpu_pod_blocked_by_cpu_on_the_gpu_nodes_is_not_gpus_freed() {
+        // The GPU node has GPUs free but its CPU is taken; a CPU-only node makes the scheduler's
+        // message start with `Insufficient nvidia.com/gpu`.
+        let mut g = gpu_node("gpu-1", "nvidia.com/gpu", 8);
+        set_resource(&mut g, "cpu", 64, 64);
+        set_resource(&mut g, "memory", 1 << 40, 1 << 40);
+        let mut cpu = node("cpu-1");
+        set_resource(&mut cpu, "cpu", 64, 64);
+        let msg = "0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.";
+        let hog = running(
+            with_cpu_memory(pod("a", "hog", &[("nvidia.com/gpu", 1)]), "60", "1Gi"),
+            "gpu-1",
+        );
+        let p = unschedulable(
+            with_cpu_memory(pod("ml", "train", &[("nvidia.com/gpu", 2)]), "8", "32Gi"),
+            msg,
+        );
+        let f = run(&snapshot(
+            vec![g.clone(), cpu.clone()],
+            vec![hog, p],
+            vec![],
+        ));
+        assert!(with_code(&f, "gpus-freed-since").is_empty(), "{f:#?}");
+        let got = one(&f, "insufficient-cpu-memory");
+        assert!(
+            got.evidence
+                .iter()
+                .any(|e| e.contains("gpu-1: nvidia.com/gpu: 2 free; cpu 4 free of 64 (needs 8)")),
+            "{got:#?}"
+        );
+        // Look-alike: the CPU is there now: the GPUs really were freed since.
+        let small = running(
+            with_cpu_memory(pod("a", "hog", &[("nvidia.com/gpu", 1)]), "4", "1Gi"),
+            "gpu-1",
+        );
+        let p = unschedulable(
+            with_cpu_memory(pod("ml", "train", &[("nvidia.com/gpu", 2)]), "8", "32Gi"),
+            msg,
+        );
+        let f = run(&snapshot(vec![g, cpu], vec![small, p], vec![]));
+        one(&f, "gpus-freed-since");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub(super) fn check(c: &Cluster<'_>, _o: &Options) -> Vec<Finding> {
         }
     }
     out.extend(rejected_by_validation(c));
+    out.extend(quota_exceeded(c));
     out
 }
 
@@ -62,32 +63,171 @@ fn request_without_limit(p: &PodView<'_>) -> Option<Finding> {
     )))
 }
 
+/// What the API server answers (pkg/apis/core/validation) for a request of a non-overcommitable
+/// resource (extended resources such as `nvidia.com/gpu`, hugepages) without a limit; it names
+/// the field path but not the resource.
+const NO_LIMIT: &str = "Limit must be set for non overcommitable resources";
+/// ... and for a request different from its limit (`must be equal to nvidia.com/gpu limit of 1`).
+const NOT_EQUAL: &str = "must be equal to nvidia.com/";
+
 /// Controllers that could not create pods because the API server rejected the GPU request.
 fn rejected_by_validation(c: &Cluster<'_>) -> Vec<Finding> {
+    let mut seen = std::collections::BTreeSet::new();
     c.all_events()
         .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
         .filter(|e| {
             let m = e.message.as_deref().unwrap_or("");
-            m.contains("nvidia.com/")
-                && (m.contains("Limit must be set for non overcommitable resources")
-                    || m.contains("must be equal to") || m.contains("must be less than or equal to"))
+            m.contains(NO_LIMIT) || m.contains(NOT_EQUAL)
+        })
+        .filter(|e| {
+            let o = &e.involved_object;
+            seen.insert((o.kind.clone(), o.namespace.clone(), o.name.clone()))
         })
         .map(|e| {
             let o = &e.involved_object;
             let kind = o.kind.as_deref().unwrap_or("Object");
             let ns = o.namespace.as_deref().unwrap_or("default");
             let name = o.name.as_deref().unwrap_or("");
-            Finding::new(
+            let m = e.message.as_deref().unwrap_or("");
+            // `spec.containers[0].resources.limits: Required value: ...`: the container's path.
+            let path = m
+                .split(": ")
+                .find(|p| p.contains("resources.limits") || p.contains("resources.requests"))
+                .map(|p| p.trim_start_matches(['[', ' ']).to_string());
+            let mut f = Finding::new(
                 Severity::Critical,
                 Category::Workload,
                 "gpu-request-without-limit",
-                format!("{kind} {ns}/{name} cannot create pods: its GPU request is not in limits"),
+                format!("{kind} {ns}/{name} cannot create pods: a GPU request is not equal to a limit"),
             )
             .object(ObjectRef::namespaced(kind, ns, name))
-            .evidence(describe_event(e, c.now()))
-            .fix("put the nvidia.com/ resource under resources.limits of the pod template (requests, if set, must equal limits)")
+            .evidence(describe_event(e, c.now()));
+            if m.contains(NO_LIMIT) {
+                f = f.evidence(format!(
+                    "the API server names no resource: {} is a request of a non-overcommitable resource \
+                     (an nvidia.com/ GPU, another extended resource, or hugepages) with no limit",
+                    path.as_deref().unwrap_or("a container")
+                ));
+            }
+            let owner = match kind {
+                "ReplicaSet" => " (and of the Deployment that owns it)",
+                _ => "",
+            };
+            f.fix(format!(
+                "put the nvidia.com/ resource under resources.limits of the pod template{owner} \
+                 (requests, if set, must equal limits); see the template: kubectl -n {ns} describe {} {name}",
+                kind.to_ascii_lowercase()
+            ))
+            .command(format!("kubectl -n {ns} describe {} {name}", kind.to_ascii_lowercase()))
         })
         .collect()
+}
+
+/// Controllers whose GPU pods a ResourceQuota refuses (`exceeded quota`): the quota, its use, and
+/// the pods holding it.
+fn quota_exceeded(c: &Cluster<'_>) -> Vec<Finding> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for e in c.all_events() {
+        if e.reason.as_deref() != Some("FailedCreate") {
+            continue;
+        }
+        let m = e.message.as_deref().unwrap_or("");
+        let Some(rest) = m.split("exceeded quota: ").nth(1) else {
+            continue;
+        };
+        if !rest.contains("nvidia.com/") {
+            continue;
+        }
+        let quota = rest.split(',').next().unwrap_or("").trim();
+        let o = &e.involved_object;
+        let kind = o.kind.as_deref().unwrap_or("Object");
+        let ns = o.namespace.as_deref().unwrap_or("default");
+        let name = o.name.as_deref().unwrap_or("");
+        if !seen.insert((
+            ns.to_string(),
+            quota.to_string(),
+            kind.to_string(),
+            name.to_string(),
+        )) {
+            continue;
+        }
+        let mut f = Finding::new(
+            Severity::Warning,
+            Category::Workload,
+            "gpu-quota-exceeded",
+            format!("{kind} {ns}/{name} cannot create GPU pods: ResourceQuota {quota} is used up"),
+        )
+        .object(ObjectRef::namespaced(kind, ns, name))
+        .object(ObjectRef::namespaced("ResourceQuota", ns, quota))
+        .evidence(describe_event(e, c.now()));
+        let q = c.snapshot.quotas.iter().find(|q| {
+            q.metadata.name.as_deref() == Some(quota) && q.metadata.namespace.as_deref() == Some(ns)
+        });
+        let mut keys: Vec<(String, String, String)> = Vec::new();
+        if let Some(q) = q {
+            let status = q.status.as_ref();
+            for (k, hard) in status
+                .and_then(|s| s.hard.as_ref())
+                .or(q.spec.as_ref().and_then(|s| s.hard.as_ref()))
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| k.contains("nvidia.com/"))
+            {
+                let used = status
+                    .and_then(|s| s.used.as_ref())
+                    .and_then(|u| u.get(k))
+                    .map_or("0".to_string(), |u| u.0.clone());
+                keys.push((k.clone(), used, hard.0.clone()));
+            }
+        }
+        for (k, used, hard) in &keys {
+            f = f.evidence(format!(
+                "ResourceQuota {ns}/{quota}: {k} used {used} of {hard}"
+            ));
+        }
+        // Who holds the namespace's GPUs: its running GPU pods, largest first.
+        let mut holders: Vec<(&str, i64)> = c
+            .gpu_pods
+            .iter()
+            .filter(|p| p.namespace == ns && p.active())
+            .map(|p| (p.name, p.gpus.values().sum::<i64>()))
+            .collect();
+        holders.sort_by_key(|(n, g)| (std::cmp::Reverse(*g), *n));
+        if !holders.is_empty() {
+            f = f.evidence(format!(
+                "held by: {}",
+                list_some(holders.iter().map(|(n, g)| format!("{ns}/{n} ({g})")), 8)
+            ));
+        }
+        let raise = keys.first().map(|(k, _, hard)| {
+            let more = resources::count(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                hard.clone(),
+            ))
+            .map_or(1, |h| h + 1);
+            (
+                k.clone(),
+                format!(
+                    "kubectl -n {ns} patch resourcequota {quota} --type=merge -p '{{\"spec\":{{\"hard\":{{\"{k}\":\"{more}\"}}}}}}'"
+                ),
+            )
+        });
+        f = f.fix(match &raise {
+            Some((k, cmd)) => format!(
+                "the quota is working as set: free GPUs in {ns} (finished or idle pods above), or raise \
+                 {k} if the team should have more: {cmd}"
+            ),
+            None => format!(
+                "free GPUs in {ns} or raise the quota's nvidia.com/ limit: kubectl -n {ns} describe resourcequota {quota}"
+            ),
+        });
+        f = match raise {
+            Some((_, cmd)) => f.command(cmd),
+            None => f.command(format!("kubectl -n {ns} describe resourcequota {quota}")),
+        };
+        out.push(f);
+    }
+    out
 }
 
 fn shared_over_one(c: &Cluster<'_>, p: &PodView<'_>) -> Option<Finding> {
@@ -207,13 +347,73 @@ mod tests {
     }
 
     #[test]
+    fn gpu_pods_a_quota_refuses() {
+        use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus};
+        let q = |n: &str| Quantity(n.into());
+        let quota = ResourceQuota {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("gpu-quota".into()),
+                namespace: Some("ml".into()),
+                ..Default::default()
+            },
+            spec: Some(ResourceQuotaSpec {
+                hard: Some([("requests.nvidia.com/gpu".to_string(), q("2"))].into()),
+                ..Default::default()
+            }),
+            status: Some(ResourceQuotaStatus {
+                hard: Some([("requests.nvidia.com/gpu".to_string(), q("2"))].into()),
+                used: Some([("requests.nvidia.com/gpu".to_string(), q("2"))].into()),
+            }),
+        };
+        let msg = "Error creating: pods \"train-7d9-x2\" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2";
+        let e = event("ReplicaSet", "ml", "train-7d9", "FailedCreate", msg, 30);
+        let n = gpu_node("g", "nvidia.com/gpu", 8);
+        let holders = vec![
+            running(pod("ml", "a", &[("nvidia.com/gpu", 1)]), "g"),
+            running(pod("ml", "b", &[("nvidia.com/gpu", 1)]), "g"),
+        ];
+        let mut s = snapshot(vec![n.clone()], holders, vec![e.clone(), e]);
+        s.quotas = vec![quota];
+        let f = run(&s);
+        let got = one(&f, "gpu-quota-exceeded");
+        let all = got.evidence.join("\n");
+        assert!(
+            all.contains("ResourceQuota ml/gpu-quota: requests.nvidia.com/gpu used 2 of 2")
+                && all.contains("held by: ml/a (1), ml/b (1)"),
+            "{all}"
+        );
+        assert_eq!(
+            got.commands,
+            vec![
+                r#"kubectl -n ml patch resourcequota gpu-quota --type=merge -p '{"spec":{"hard":{"requests.nvidia.com/gpu":"3"}}}'"#
+            ]
+        );
+        // Look-alike: a CPU quota exceeded is no GPU finding.
+        let cpu = event(
+            "ReplicaSet",
+            "ml",
+            "web",
+            "FailedCreate",
+            "Error creating: pods \"web-x\" is forbidden: exceeded quota: cpu, requested: requests.cpu=1, used: requests.cpu=4, limited: requests.cpu=4",
+            30,
+        );
+        assert!(
+            with_code(
+                &run(&snapshot(vec![n], vec![], vec![cpu])),
+                "gpu-quota-exceeded"
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
     fn controllers_rejected_by_validation() {
         let e = event(
             "ReplicaSet",
             "ml",
             "serve-7d9",
             "FailedCreate",
-            "Error creating: Pod \"serve-7d9-x\" is invalid: spec.containers[0].resources.limits: Required value: Limit must be set for non overcommitable resources: nvidia.com/gpu",
+            "Error creating: Pod \"serve-7d9-x\" is invalid: spec.containers[0].resources.limits: Required value: Limit must be set for non overcommitable resources",
             60,
         );
         let f = run(&snapshot(vec![], vec![], vec![e]));

@@ -32,24 +32,26 @@ pub struct Args {
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
     /// How often to re-read the GPUs and refresh the metrics (dcgm-exporter's collect interval; a
-    /// scrape always gets the last collection at once).
-    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
-    interval: Duration,
+    /// scrape always gets the last collection at once) [default: 10s, or DCGM_EXPORTER_INTERVAL ms].
+    #[arg(long, value_parser = super::parse_duration)]
+    interval: Option<Duration>,
     /// Read the GPUs once, print them and exit.
     #[arg(long)]
     once: bool,
-    /// Where the Prometheus endpoint (/metrics, DCGM-compatible) listens; port 0 picks a free one.
-    #[arg(long, env = "GPUOPS_METRICS_ADDRESS", default_value = "0.0.0.0:9400")]
-    metrics_address: SocketAddr,
+    /// Where the Prometheus endpoint (/metrics, DCGM-compatible) listens; port 0 picks a free one
+    /// [default: 0.0.0.0:9400, or dcgm-exporter's DCGM_EXPORTER_LISTEN].
+    #[arg(long, env = "GPUOPS_METRICS_ADDRESS")]
+    metrics_address: Option<SocketAddr>,
     /// Do not serve metrics.
     #[arg(long)]
     no_metrics: bool,
-    /// How the node label on every metric is spelled: `Hostname` (dcgm-exporter before 4.6, what
-    /// most dashboards query) or `hostname` (dcgm-exporter 4.6 and later).
-    #[arg(long, env = "GPUOPS_HOSTNAME_LABEL", default_value = "Hostname", value_parser = parse_hostname_label)]
+    /// How the node label on every metric is spelled: `hostname` (dcgm-exporter 4.6 and later, what
+    /// the GPU Operator ships) or `Hostname` (dcgm-exporter before 4.6).
+    #[arg(long, env = "GPUOPS_HOSTNAME_LABEL", default_value = "hostname", value_parser = parse_hostname_label)]
     hostname_label: HostnameLabel,
     /// The kubelet's PodResources socket, for the pod, namespace and container labels on metrics
-    /// [default: /var/lib/kubelet/pod-resources/kubelet.sock; with --simulate: none unless given].
+    /// [default: DCGM_POD_RESOURCES_KUBELET_SOCKET, else /var/lib/kubelet/pod-resources/kubelet.sock;
+    /// with --simulate: none unless given]. DCGM_EXPORTER_KUBERNETES=false turns pod labels off.
     #[arg(long, env = "GPUOPS_POD_RESOURCES_SOCKET", value_name = "FILE")]
     pod_resources_socket: Option<PathBuf>,
     /// The kubelet's device plugin directory [default: /var/lib/kubelet/device-plugins; with
@@ -154,7 +156,8 @@ pub struct NodeFlags {
 /// Examples:
 ///   gpuops exporter --simulate dgx-h100 --address 127.0.0.1:9400
 ///   curl -s 127.0.0.1:9400/metrics | grep DCGM_FI_DEV_GPU_TEMP
-///   gpuops exporter --hostname-label hostname     label spelling of dcgm-exporter 4.6+
+///   gpuops exporter --hostname-label Hostname     label spelling of dcgm-exporter before 4.6
+///   DCGM_EXPORTER_LISTEN=:9400 DCGM_EXPORTER_INTERVAL=30000 gpuops exporter   dcgm-exporter's env
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct ExporterArgs {
@@ -163,17 +166,19 @@ pub struct ExporterArgs {
     /// Name of this node (the Hostname label); defaults to the host name.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
-    /// Where /metrics listens; port 0 picks a free one (printed at start).
-    #[arg(long, env = "GPUOPS_METRICS_ADDRESS", default_value = "0.0.0.0:9400")]
-    address: SocketAddr,
-    /// How often to collect (NVML and PodResources).
-    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
-    interval: Duration,
-    /// `Hostname` (dcgm-exporter before 4.6) or `hostname` (4.6 and later).
-    #[arg(long, env = "GPUOPS_HOSTNAME_LABEL", default_value = "Hostname", value_parser = parse_hostname_label)]
+    /// Where /metrics listens; port 0 picks a free one (printed at start) [default: 0.0.0.0:9400,
+    /// or dcgm-exporter's DCGM_EXPORTER_LISTEN, e.g. :9400].
+    #[arg(long, env = "GPUOPS_METRICS_ADDRESS")]
+    address: Option<SocketAddr>,
+    /// How often to collect (NVML and PodResources) [default: 10s, or DCGM_EXPORTER_INTERVAL in ms].
+    #[arg(long, value_parser = super::parse_duration)]
+    interval: Option<Duration>,
+    /// `hostname` (dcgm-exporter 4.6 and later) or `Hostname` (before 4.6).
+    #[arg(long, env = "GPUOPS_HOSTNAME_LABEL", default_value = "hostname", value_parser = parse_hostname_label)]
     hostname_label: HostnameLabel,
-    /// The kubelet's PodResources socket [default: /var/lib/kubelet/pod-resources/kubelet.sock;
-    /// with --simulate: none unless given].
+    /// The kubelet's PodResources socket [default: DCGM_POD_RESOURCES_KUBELET_SOCKET, else
+    /// /var/lib/kubelet/pod-resources/kubelet.sock; with --simulate: none unless given].
+    /// DCGM_EXPORTER_KUBERNETES=false turns pod labels off.
     #[arg(long, env = "GPUOPS_POD_RESOURCES_SOCKET", value_name = "FILE")]
     pod_resources_socket: Option<PathBuf>,
     /// A device an XID made unhealthy counts as healthy again after this long without another.
@@ -291,7 +296,22 @@ const NVML_HINTS: &str = "if this is a GPU node, is the NVIDIA driver installed 
     --nvidia-driver-root / CONTAINER_DRIVER_ROOT. If this is not a GPU node, deploy the agent only \
     to GPU nodes (a nodeSelector or affinity on nvidia.com/gpu.present)";
 
+/// Where metrics listen and how often they are collected, unless a flag or dcgm-exporter's env says.
+const DEFAULT_METRICS_ADDRESS: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9400);
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+
 pub fn run(args: Args) -> Result<ExitCode> {
+    // dcgm-exporter's env vars, so its DaemonSets can switch images; our flags and env win.
+    let dcgm = gpuops_metrics::DcgmExporterEnv::from_vars(std::env::vars())?;
+    for note in &dcgm.ignored {
+        tracing::warn!("{note}");
+    }
+    let metrics_address = args
+        .metrics_address
+        .or(dcgm.listen)
+        .unwrap_or(DEFAULT_METRICS_ADDRESS);
+    let interval = args.interval.or(dcgm.interval).unwrap_or(DEFAULT_INTERVAL);
     // Preparing may set the simulator's environment: do it before the runtime starts threads.
     let (library, simulation) = gpu_source::prepare(&args.gpus)?;
     let source = ConfigSource {
@@ -317,7 +337,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ]),
         _ => vec![library.clone()],
     };
-    let gpus = match gpuops_agent::open_nvml(&libraries) {
+    let gpus = match gpuops_agent::open_nvml(&libraries, &args.gpus.sysfs_root) {
         Ok(g) => Some(g),
         Err(e) if !config.fail_on_init_error() && !args.once => {
             tracing::error!(
@@ -351,27 +371,28 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else if args.once {
         println!(
             "  metrics        http://{}/metrics (DCGM-compatible; not served with --once)",
-            args.metrics_address
+            metrics_address
         );
         None
     } else {
-        let listener = crate::http::bind(
-            args.metrics_address,
+        let listener = gpuops_serve::bind(
+            metrics_address,
             "metrics",
             "is another exporter, e.g. NVIDIA's dcgm-exporter, using the port? choose another with --metrics-address",
         )?;
-        let address = listener.local_addr().unwrap_or(args.metrics_address);
-        println!(
-            "  metrics        http://{address}/metrics (DCGM-compatible, every {:?})",
-            args.interval
-        );
+        let address = listener.local_addr().unwrap_or(metrics_address);
+        println!("  metrics        http://{address}/metrics (DCGM-compatible, every {interval:?})");
         Some(listener)
     };
-    let pod_socket = args.pod_resources_socket.clone().or_else(|| {
-        simulation
-            .is_none()
-            .then(|| PathBuf::from(gpuops_kubelet_api::POD_RESOURCES_SOCKET))
-    });
+    let pod_socket = args
+        .pod_resources_socket
+        .clone()
+        .or(dcgm.pod_resources_socket)
+        .or_else(|| {
+            simulation
+                .is_none()
+                .then(|| PathBuf::from(gpuops_kubelet_api::POD_RESOURCES_SOCKET))
+        });
     if metrics_listener.is_some() {
         match &pod_socket {
             Some(p) => println!(
@@ -444,12 +465,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let kube = kube_config(&args, simulation.as_ref(), pod_socket.clone())?;
     let metrics = metrics_listener.map(|listener| MetricsConfig {
         hostname_label: args.hostname_label,
-        pod_socket,
-        server: Box::new(move |served, stop| Box::pin(serve_metrics(listener, served, stop))),
+        // DCGM_EXPORTER_KUBERNETES=false: no pod labels, as with dcgm-exporter.
+        pod_socket: pod_socket.filter(|_| dcgm.kubernetes != Some(false)),
+        listener,
     });
     let config = AgentConfig {
         node_name: node,
-        interval: args.interval,
+        interval,
         snapshot_timeout: args.snapshot_timeout,
         health_policy: policy,
         config: source,
@@ -458,6 +480,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         metrics,
         kube,
         nvml_libraries: libraries,
+        sysfs_root: args.gpus.sysfs_root.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -465,36 +488,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(
-        gpuops_agent::Agent::new(gpus, first, config).run(crate::http::shutdown_signal()),
+        gpuops_agent::Agent::new(gpus, first, config).run(gpuops_serve::shutdown_signal()),
     )?;
     // A task stuck in a driver or kubelet call must not hold the exit up.
     runtime.shutdown_timeout(Duration::from_millis(200));
     // Keep the temporary simulator state until the agent stopped.
     drop(simulation);
     Ok(ExitCode::SUCCESS)
-}
-
-/// Serves the exporter's answers over the one HTTP server.
-async fn serve_metrics(
-    listener: std::net::TcpListener,
-    served: Arc<gpuops_agent::Served>,
-    stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let result = crate::http::serve(
-        listener,
-        move |req| {
-            let reply = served.respond(req.method().as_str(), req.uri().path());
-            let status = hyper::StatusCode::from_u16(reply.status)
-                .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
-            let response = crate::http::reply(status, reply.content_type, reply.body);
-            async move { response }
-        },
-        stop,
-    )
-    .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "metrics server: {e:#}");
-    }
 }
 
 /// The agent's Kubernetes side, as the flags configure it.

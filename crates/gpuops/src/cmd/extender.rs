@@ -90,7 +90,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
         let (tx, rx) = tokio::sync::watch::channel(false);
         let serving = tokio::spawn(server::serve(listener, served, rx));
-        crate::http::shutdown_signal().await;
+        gpuops_serve::shutdown_signal().await;
         let _ = tx.send(true);
         serving.await.context("the extender server stopped")??;
         println!("stopped");

@@ -468,14 +468,39 @@ fn validate(args: &ConfigArgs, only: Option<&str>, gpu: Option<&str>) -> Result<
         Some(n) => vec![cfg.get(n)?.name.clone()],
         None => cfg.names().into_iter().map(str::to_string).collect(),
     };
-    let mut failed = false;
+    let mut tally = Tally::default();
     for name in names {
         let named = cfg.get(&name)?;
         for (i, entry) in named.entries.iter().enumerate() {
             let at = format!("{name} entry {} (line {})", i + 1, entry.line);
+            if let Some(m) = forced
+                && !filter_selects(&entry.filters, m)
+            {
+                let filters: Vec<String> = entry.filters.iter().map(ToString::to_string).collect();
+                println!(
+                    "skip  {at}: device-filter {} does not select {}",
+                    filters.join(", "),
+                    m.key
+                );
+                tally.skipped += 1;
+                continue;
+            }
             if !entry.mig_enabled {
                 println!("ok    {at}: MIG disabled");
+                tally.ok += 1;
                 continue;
+            }
+            let unknown: Vec<String> = entry
+                .filters
+                .iter()
+                .filter(|f| gpuops_catalog::by_pci_device_id((f.device >> 16) as u16).is_none())
+                .map(ToString::to_string)
+                .collect();
+            if !unknown.is_empty() && forced.is_none() {
+                println!(
+                    "note  {at}: device-filter {} names no GPU model gpuops knows; not checked for it",
+                    unknown.join(", ")
+                );
             }
             let filtered: Vec<&'static gpuops_catalog::GpuModel> = entry
                 .filters
@@ -512,27 +537,54 @@ fn validate(args: &ConfigArgs, only: Option<&str>, gpu: Option<&str>) -> Result<
                 }
                 if misfits.is_empty() {
                     println!("ok    {at}: {wanted} on {devices} ({})", fits.join(", "));
+                    tally.ok += 1;
+                } else {
+                    tally.failed += 1;
                 }
-                failed |= !misfits.is_empty();
             } else if fits.is_empty() {
                 println!("FAIL  {at}: {wanted} fits no MIG-capable GPU:");
                 for e in &misfits {
                     println!("        {e}");
                 }
-                failed = true;
+                tally.failed += 1;
             } else {
                 println!(
                     "ok    {at}: {wanted} fits {} (pass --gpu MODEL to check one model)",
                     fits.join(", ")
                 );
+                tally.ok += 1;
             }
         }
     }
-    Ok(if failed {
+    println!(
+        "{} entries: {} ok, {} skipped (device-filter), {} failed",
+        tally.ok + tally.skipped + tally.failed,
+        tally.ok,
+        tally.skipped,
+        tally.failed
+    );
+    Ok(if tally.failed > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: usize,
+    skipped: usize,
+    failed: usize,
+}
+
+/// Whether an entry's device-filter lets a GPU of this model through: no filter selects every
+/// model; otherwise one of the filters must name one of the model's PCI device ids (a filter's
+/// subsystem part depends on the board, so a device-id match is taken to select it).
+fn filter_selects(filters: &[config::DeviceFilter], model: &gpuops_catalog::GpuModel) -> bool {
+    filters.is_empty()
+        || filters.iter().any(|f| {
+            f.device & 0xFFFF == 0x10DE && model.pci_device_ids.contains(&((f.device >> 16) as u16))
+        })
 }
 
 /// The node's MIG state as a mig-parted config named `current`, grouping identical GPUs.

@@ -14,25 +14,10 @@ pub mod top;
 
 use std::time::Duration;
 
-/// Parses `500ms`, `10s`, `5m`, `1h` (a bare number is seconds).
+/// Parses a flag's duration: Go/Kubernetes style (`500ms`, `10s`, `1m30s`, `1h2m3.5s`; a bare
+/// number is seconds). Zero is refused because every duration flag is an interval or a timeout.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 500ms, 10s, 5m or 1h"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?} (use ms, s, m or h)"
-            ));
-        }
-    };
+    let d = gpuops_duration::parse(text).map_err(|e| e.to_string())?;
     if d.is_zero() {
         return Err(format!("{text:?}: must be more than zero"));
     }
@@ -48,12 +33,23 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("0s").is_err());
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(
+            parse_duration("1h2m3.5s"),
+            Ok(Duration::from_millis(3_723_500))
+        );
+        assert!(parse_duration("0s").unwrap_err().contains("more than zero"));
         assert!(
             parse_duration("ten")
                 .unwrap_err()
                 .contains("not a duration")
         );
         assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+        // Used to wrap around silently (n * 3600 in u64).
+        assert!(
+            parse_duration("5124095576030432h")
+                .unwrap_err()
+                .contains("too long")
+        );
     }
 }

@@ -160,6 +160,7 @@ Fleet file format (YAML; unknown keys are errors):
     - model: H100-SXM5-80GB   # a key from `gpuops catalog`
       count: 8                # default 1
       mig-enabled: false      # start in MIG mode (MIG-capable models only)
+      pci-class: 0x030200     # default: 3D controller (compute); 0x030000: VGA (graphics mode)
       report-as:              # optional: report another name and PCI device id, to
         name: NVIDIA H999     #   simulate a model gpuops does not know (behaves as `model`)
         pci-device-id: 0x2999";

@@ -80,45 +80,66 @@ impl View {
 }
 
 /// Binds the address now, so a taken port fails the start with a clear message.
-pub fn bind(address: SocketAddr) -> Result<std::net::TcpListener> {
-    crate::http::bind(
+pub fn bind(address: SocketAddr) -> Result<gpuops_serve::Listener> {
+    Ok(gpuops_serve::bind(
         address,
         "the scheduler",
         "is another extender using the port? choose another with --address",
-    )
+    )?)
 }
 
-/// Serves the extender verbs until `shutdown` turns true.
+/// Serves the extender verbs until `shutdown` turns true; `/readyz` answers 200 once the first
+/// lists of nodes and pods arrived (until then kube-scheduler's `ignorable` skips us).
 pub async fn serve(
-    listener: std::net::TcpListener,
+    listener: gpuops_serve::Listener,
     served: Arc<Served>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    crate::http::serve(
+    let probes = gpuops_serve::Probes::new();
+    {
+        let (served, probes) = (Arc::clone(&served), Arc::clone(&probes));
+        tokio::spawn(async move {
+            if served.view.nodes.wait_until_ready().await.is_ok()
+                && served.view.pods.wait_until_ready().await.is_ok()
+            {
+                probes.set_ready(true);
+            }
+        });
+    }
+    let handler_probes = Arc::clone(&probes);
+    gpuops_serve::serve(
         listener,
+        probes,
+        gpuops_serve::Options::default(),
         move |req| {
             let served = Arc::clone(&served);
-            async move { respond(&served, req).await }
+            let probes = Arc::clone(&handler_probes);
+            async move { respond(&served, &probes, req).await }
         },
         shutdown,
     )
-    .await
+    .await?;
+    Ok(())
 }
 
-use crate::http::reply;
+use gpuops_serve::reply;
 
 /// The extender verb a path names: its last segment (`/filter`, `/gpuops/filter`, ...).
 fn verb(path: &str) -> &str {
     path.trim_end_matches('/').rsplit('/').next().unwrap_or("")
 }
 
-async fn respond(served: &Served, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+async fn respond(
+    served: &Served,
+    probes: &gpuops_serve::Probes,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let verb = verb(&path).to_string();
     match (req.method(), verb.as_str()) {
-        (&Method::GET, "healthz" | "readyz") => {
-            return reply(StatusCode::OK, "text/plain", "ok\n");
-        }
+        // Under a urlPrefix (`/gpuops/healthz`); the bare paths are answered by the server.
+        (&Method::GET, "healthz") => return probes.liveness(),
+        (&Method::GET, "readyz") => return probes.readiness(),
         (&Method::POST, "filter" | "prioritize") => {}
         (_, "filter" | "prioritize") => {
             return reply(

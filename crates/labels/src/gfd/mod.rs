@@ -13,7 +13,8 @@ use gpuops_resources::{Config, SharingStrategy};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// PCI class code (`/sys/bus/pci/devices/<addr>/class`) of a GPU in graphics mode (VGA controller).
+/// PCI class code (`/sys/bus/pci/devices/<addr>/class`, [`Gpu::pci_class`]) of a GPU in graphics
+/// mode (VGA controller).
 pub const PCI_CLASS_VGA_CONTROLLER: u32 = 0x03_00_00;
 /// PCI class code of a GPU in compute mode (3D controller).
 pub const PCI_CLASS_3D_CONTROLLER: u32 = 0x03_02_00;
@@ -30,8 +31,6 @@ pub struct LabelContext {
     /// `X.Y` for the `cuda.runtime*` labels instead of `inventory.cuda_driver_version`. GFD itself
     /// labels the CUDA version the driver supports, so leave this `None` to match it.
     pub cuda_runtime_version: Option<String>,
-    /// PCI class code per GPU index (e.g. [`PCI_CLASS_3D_CONTROLLER`]), for `nvidia.com/gpu.mode`.
-    pub pci_classes: BTreeMap<u32, u32>,
 }
 
 type Labels = BTreeMap<String, String>;
@@ -79,11 +78,7 @@ pub fn gfd_labels(
     );
     put(&mut out, keys::MPS_CAPABLE, mps_capable(&gpus, cfg)?);
     out.extend(strategy::resource_labels(&gpus, cfg)?);
-    put(
-        &mut out,
-        keys::GPU_MODE,
-        gpu_mode(ctx.pci_classes.get(&first.index)),
-    );
+    put(&mut out, keys::GPU_MODE, gpu_mode(first.pci_class));
     Ok(out)
 }
 
@@ -170,10 +165,10 @@ fn mps_capable(gpus: &[&Gpu], cfg: &Config) -> Result<bool, LabelError> {
 
 /// GFD takes the PCI class of the first GPU: VGA controller -> `graphics`, 3D controller ->
 /// `compute`, anything else (or unknown) -> `unknown`.
-fn gpu_mode(class: Option<&u32>) -> &'static str {
+fn gpu_mode(class: Option<u32>) -> &'static str {
     match class {
-        Some(&PCI_CLASS_VGA_CONTROLLER) => "graphics",
-        Some(&PCI_CLASS_3D_CONTROLLER) => "compute",
+        Some(PCI_CLASS_VGA_CONTROLLER) => "graphics",
+        Some(PCI_CLASS_3D_CONTROLLER) => "compute",
         _ => "unknown",
     }
 }

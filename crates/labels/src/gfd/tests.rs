@@ -27,6 +27,7 @@ fn gpu(i: u32, name: &str, model: &str, mib: u64, cc: (u32, u32), mig_capable: b
             capable: mig_capable,
             ..MigState::default()
         },
+        pci_class: Some(PCI_CLASS_3D_CONTROLLER),
         ..Gpu::default()
     }
 }
@@ -98,13 +99,12 @@ fn cfg(yaml: &str) -> Config {
     Config::effective(Some(file), &Overrides::default(), &Overrides::default()).unwrap()
 }
 
-/// A DMI name, a timestamp, and every GPU in compute mode.
-fn ctx(n: u32) -> LabelContext {
+/// A DMI name and a timestamp (the GPUs of `gpu()` are in compute mode).
+fn ctx(_n: u32) -> LabelContext {
     LabelContext {
         machine_type: Some("PowerEdge XE9680".into()),
         timestamp: Some(TS),
         cuda_runtime_version: None,
-        pci_classes: (0..n).map(|i| (i, PCI_CLASS_3D_CONTROLLER)).collect(),
     }
 }
 
@@ -522,11 +522,11 @@ fn no_gpus_only_the_timestamp() {
 
 #[test]
 fn context_machine_mode_timestamp_and_cuda() {
-    let i = inv(vec![h100(0), h100(1)]);
+    let mut i = inv(vec![h100(0), h100(1)]);
     let mut c = ctx(2);
     c.machine_type = None;
     c.timestamp = None;
-    c.pci_classes.insert(0, PCI_CLASS_VGA_CONTROLLER);
+    i.gpus[0].pci_class = Some(PCI_CLASS_VGA_CONTROLLER);
     c.cuda_runtime_version = Some("12.8".into());
     let got = gfd_labels(&i, &cfg(""), &c).unwrap();
     assert_eq!(got.get("nvidia.com/gpu.machine").unwrap(), "unknown");
@@ -539,7 +539,7 @@ fn context_machine_mode_timestamp_and_cuda() {
     );
     assert_eq!(got.get("nvidia.com/cuda.runtime.minor").unwrap(), "8");
 
-    c.pci_classes.clear();
+    i.gpus[0].pci_class = None;
     c.machine_type = Some("  Standard PC (Q35 + ICH9, 2009)\n".into());
     let got = gfd_labels(&i, &cfg(""), &c).unwrap();
     assert_eq!(got.get("nvidia.com/gpu.mode").unwrap(), "unknown");

@@ -7,7 +7,7 @@
 //! (milli per GPU, GPU count) with their CPU requests sorted, so evaluating F costs
 //! O(groups x GPUs on the node) however many typical pods there are.
 
-use super::fgd::TypicalPods;
+use super::typical::TypicalPods;
 use crate::cluster::{Cluster, ModelId};
 
 #[derive(Debug, Clone)]

@@ -13,6 +13,7 @@ pub mod baselines;
 pub mod fgd;
 pub mod frag;
 pub mod ours;
+pub mod typical;
 
 use crate::cluster::{Cluster, GpuChoice, PodReq};
 use crate::error::{PackingError, Result};
@@ -20,7 +21,7 @@ use crate::rng::Rng;
 use crate::trace::PodSpec;
 use serde::Serialize;
 
-pub use fgd::TypicalPods;
+pub use typical::TypicalPods;
 
 /// A node's score for a pod and the GPUs the policy would use on it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

@@ -17,8 +17,9 @@
 //! The GPU within the chosen node is the one FGD would use (the first GPU with the best score),
 //! exposed for the device plugin as [`gpu_choice`].
 
-use super::fgd::{TypicalPods, sigmoid};
+use super::fgd::sigmoid;
 use super::frag::{FragModel, after};
+use super::typical::TypicalPods;
 use super::{Policy, Scored};
 use crate::cluster::{Cluster, GpuChoice, PodReq, first_free_gpus};
 
@@ -170,7 +171,7 @@ pub fn gpu_choice(
 mod tests {
     use super::*;
     use crate::cluster::ModelSet;
-    use crate::policy::fgd::TypicalPod;
+    use crate::policy::typical::TypicalPod;
     use crate::trace::NodeSpec;
 
     fn tp(cpu: u32, num: u8, milli: u16, weight: f64) -> TypicalPod {

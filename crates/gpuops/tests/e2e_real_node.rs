@@ -1,0 +1,645 @@
+//! The seed's workflow on a real node: a kubelet with containerd and runc (crates/testbed's
+//! RealNode), the chart installed with real Helm and the image scripts/image builds, the agent on
+//! simulated GPUs whose state lives on a hostPath. The DaemonSet becomes Ready, the node
+//! advertises `nvidia.com/gpu`, `kubectl label ... nvidia.com/mig.config=all-1g.10gb` repartitions
+//! it, the seed's `inference-small` pod runs on a MIG device and sees it, a `kill -9` of the agent
+//! inside its pod is survived, and a real Prometheus scrapes the agent pod.
+//!
+//! Figures are printed as `FIGURE <name>: <value>` lines (scripts/bench-real-node collects them).
+//! Needs root, the test bed (GPUOPS_K8S_BIN with kubelet and containerd), runc and the CNI plugins:
+//! run scripts/test, or `eval "$(tests/k8s/build.sh)"` and `cargo test -p gpuops --test
+//! e2e_real_node -- --ignored --test-threads=1`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod common;
+
+use gpuops_testbed::{Cluster, ClusterOptions, RealNode, RealNodeOptions, wait_until};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const NAMESPACE: &str = "gpuops";
+const RELEASE: &str = "gpuops";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The image under test: GPUOPS_IMAGE / GPUOPS_IMAGE_REF when set (scripts/test packs the release
+/// build), else scripts/image packing this test's own build of gpuops (cached by content).
+fn image() -> (PathBuf, String) {
+    if let (Some(file), Some(r)) = (
+        std::env::var_os("GPUOPS_IMAGE"),
+        std::env::var("GPUOPS_IMAGE_REF").ok(),
+    ) {
+        return (PathBuf::from(file), r);
+    }
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_gpuops"));
+    let dir = bin.parent().unwrap();
+    let sim = [dir.join("libnvml_sim.so"), dir.join("deps/libnvml_sim.so")]
+        .into_iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .expect("libnvml_sim.so next to the gpuops test binary (cargo builds it with gpuops)");
+    let out = Command::new(repo().join("scripts/image"))
+        .arg("--binary")
+        .arg(&bin)
+        .arg("--sim-lib")
+        .arg(&sim)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running scripts/image");
+    assert!(out.status.success(), "scripts/image failed");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let get = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("scripts/image printed no {k}: {text}"))
+            .to_string()
+    };
+    (PathBuf::from(get("GPUOPS_IMAGE")), get("GPUOPS_IMAGE_REF"))
+}
+
+fn figure(name: &str, value: impl std::fmt::Display) {
+    println!("FIGURE {name}: {value}");
+}
+
+/// A control plane, one real node with gpuops's image, a simulated fleet on a host directory.
+/// Fields drop in order: the node goes before the cluster.
+struct Bed {
+    node: RealNode,
+    cluster: Cluster,
+    image_ref: String,
+    sim_state: PathBuf,
+    pod_kubeconfig: PathBuf,
+}
+
+impl Bed {
+    fn start(fleet: &str) -> Bed {
+        let (archive, image_ref) = image();
+        let cluster = Cluster::start(ClusterOptions {
+            controller_manager: true,
+            all_addresses: true,
+            ..ClusterOptions::default()
+        })
+        .unwrap();
+        let t0 = Instant::now();
+        let node = RealNode::start(
+            &cluster,
+            RealNodeOptions {
+                labels: vec![("nvidia.com/gpu.present".into(), "true".into())],
+                images: vec![archive],
+                ..RealNodeOptions::default()
+            },
+        )
+        .unwrap();
+        figure(
+            "real node start -> Ready (s)",
+            format!("{:.1}", t0.elapsed().as_secs_f64()),
+        );
+        // The GPUs exist before the agent, as on a real machine: the agent attaches to this state.
+        let sim_state = node.dir().join("sim");
+        let out = common::run(&[
+            "sim",
+            "init",
+            "--fleet",
+            fleet,
+            "--state",
+            sim_state.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", common::text(&out));
+        // Pods reach the apiserver at the node's address (no kube-proxy here).
+        let address = node_address(&cluster, &node.name);
+        let pod_kubeconfig = cluster.kubeconfig_at("admin", &address).unwrap();
+        Bed {
+            node,
+            cluster,
+            image_ref,
+            sim_state,
+            pod_kubeconfig,
+        }
+    }
+
+    fn helm(&self, args: &[&str]) -> String {
+        let home = self.cluster.dir().join("helm-home");
+        let out = Command::new(self.cluster.bin().join("helm"))
+            .args(args)
+            .arg(format!(
+                "--kubeconfig={}",
+                self.cluster.kubeconfig().display()
+            ))
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "helm {args:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `helm install` of the chart with this bed's image, sim state and kubeconfig, plus `extra`
+    /// (`--set ...` arguments).
+    fn install(&self, extra: &[&str]) {
+        let (repository, tag) = self.image_ref.rsplit_once(':').unwrap();
+        let kube_dir = self.pod_kubeconfig.parent().unwrap();
+        let kube_file = self.pod_kubeconfig.file_name().unwrap().to_str().unwrap();
+        let volumes = format!(
+            r#"[{{"name":"sim","hostPath":{{"path":"{}"}}}},{{"name":"bed-kubeconfig","hostPath":{{"path":"{}"}}}}]"#,
+            self.sim_state.display(),
+            kube_dir.display()
+        );
+        let mounts = r#"[{"name":"sim","mountPath":"/sim"},{"name":"bed-kubeconfig","mountPath":"/bed","readOnly":true}]"#;
+        let env = format!(r#"[{{"name":"KUBECONFIG","value":"/bed/{kube_file}"}}]"#);
+        let mig_state = self.node.dir().join("mig-state");
+        let mut args = vec![
+            "install".to_string(),
+            RELEASE.into(),
+            repo().join("deploy/helm/gpuops").display().to_string(),
+            "--namespace".into(),
+            NAMESPACE.into(),
+            "--create-namespace".into(),
+            "--set".into(),
+            format!("image.repository={repository}"),
+            "--set".into(),
+            format!("image.tag={tag}"),
+            // Imported, not pullable.
+            "--set".into(),
+            "image.pullPolicy=Never".into(),
+            "--set".into(),
+            "interval=1s".into(),
+            "--set".into(),
+            format!("mig.stateDir={}", mig_state.display()),
+            "--set-json".into(),
+            r#"extraArgs=["--sim-state=/sim"]"#.into(),
+            "--set-json".into(),
+            format!("extraEnv={env}"),
+            "--set-json".into(),
+            format!("extraVolumes={volumes}"),
+            "--set-json".into(),
+            format!("extraVolumeMounts={mounts}"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.helm(&refs);
+    }
+
+    fn node_json(&self) -> Value {
+        self.cluster.get_json(&["node", &self.node.name]).unwrap()
+    }
+
+    fn allocatable(&self, resource: &str) -> Option<String> {
+        self.node_json()["status"]["allocatable"][resource]
+            .as_str()
+            .map(str::to_string)
+    }
+
+    fn agent_pod(&self) -> Option<Value> {
+        let pods = self
+            .cluster
+            .get_json(&[
+                "pods",
+                "-n",
+                NAMESPACE,
+                "-l",
+                "app.kubernetes.io/component=node-agent",
+            ])
+            .ok()?;
+        pods["items"].as_array()?.first().cloned()
+    }
+
+    fn agent_logs(&self) -> String {
+        self.cluster
+            .kubectl(&[
+                "logs",
+                "-n",
+                NAMESPACE,
+                "-l",
+                "app.kubernetes.io/component=node-agent",
+                "--tail=60",
+            ])
+            .unwrap_or_else(|e| format!("(no logs: {e})"))
+    }
+
+    /// What went wrong, for assertion messages: the agent pod, its logs, the kubelet's log tail.
+    fn report(&self) -> String {
+        let kubelet = std::fs::read_to_string(self.node.kubelet_log()).unwrap_or_default();
+        let tail: Vec<&str> = kubelet.lines().rev().take(25).collect();
+        format!(
+            "agent pod: {}\nagent logs:\n{}\nkubelet log (last lines, newest first):\n{}",
+            self.agent_pod()
+                .map(|p| p["status"].to_string())
+                .unwrap_or_else(|| "none".into()),
+            self.agent_logs(),
+            tail.join("\n")
+        )
+    }
+
+    fn wait(&self, what: &str, seconds: u64, mut check: impl FnMut() -> bool) {
+        if let Err(e) = wait_until(what, Duration::from_secs(seconds), &mut check) {
+            panic!("{e}\n{}", self.report());
+        }
+    }
+
+    fn wait_agent_ready(&self) {
+        self.wait("the agent DaemonSet Ready", 120, || {
+            self.cluster
+                .get_json(&["daemonset", "-n", NAMESPACE, RELEASE])
+                .is_ok_and(|ds| ds["status"]["numberReady"] == 1)
+        });
+    }
+
+    fn pod_phase(&self, name: &str) -> String {
+        self.cluster
+            .kubectl(&["get", "pod", name, "-o", "jsonpath={.status.phase}"])
+            .unwrap_or_default()
+    }
+
+    fn exec(&self, pod: &str, command: &[&str]) -> String {
+        let mut args = vec!["exec", pod, "--"];
+        args.extend_from_slice(command);
+        self.cluster
+            .kubectl(&args)
+            .unwrap_or_else(|e| panic!("kubectl exec {pod} {command:?}: {e}\n{}", self.report()))
+    }
+
+    /// A pod of the busybox test image that prints its environment and devices, then waits.
+    fn workload(&self, name: &str, resource: &str) -> String {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: model
+      image: {image}
+      imagePullPolicy: Never
+      command: ["sh", "-c", "env | sort; ls /dev; exec sleep 3600"]
+      resources:
+        limits:
+          {resource}: 1
+"#,
+            image = self.node.images().busybox_ref
+        )
+    }
+}
+
+fn node_address(cluster: &Cluster, node: &str) -> String {
+    let json = cluster.get_json(&["node", node]).unwrap();
+    json["status"]["addresses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["type"] == "InternalIP")
+        .and_then(|a| a["address"].as_str())
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("node {node} has no InternalIP: {}", json["status"]))
+}
+
+fn cgroup_working_set(pod_uid: &str) -> Option<u64> {
+    fn find(dir: &Path, name: &str) -> Option<PathBuf> {
+        for e in std::fs::read_dir(dir).ok()?.flatten() {
+            let p = e.path();
+            if !p.is_dir() {
+                continue;
+            }
+            if e.file_name().to_str() == Some(name) {
+                return Some(p);
+            }
+            if let Some(found) = find(&p, name) {
+                return Some(found);
+            }
+        }
+        None
+    }
+    let dir = find(
+        Path::new("/sys/fs/cgroup/memory/kubepods"),
+        &format!("pod{pod_uid}"),
+    )?;
+    let usage: u64 = std::fs::read_to_string(dir.join("memory.usage_in_bytes"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
+    let inactive: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("total_inactive_file "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    // What the kubelet and `kubectl top` call the working set.
+    Some(usage.saturating_sub(inactive))
+}
+
+fn http_get(address: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(address).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_seeds_workflow_runs_on_a_real_node_from_the_chart_and_the_image() {
+    let bed = Bed::start("dgx-h100");
+
+    // helm install -> the DaemonSet Ready on the agent with simulated GPUs -> nvidia.com/gpu.
+    let t0 = Instant::now();
+    bed.install(&["--set", "migStrategy=mixed"]);
+    bed.wait("8 nvidia.com/gpu allocatable", 120, || {
+        bed.allocatable("nvidia.com/gpu").as_deref() == Some("8")
+    });
+    figure(
+        "helm install -> node allocatable nvidia.com/gpu (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    bed.wait_agent_ready();
+    let labels = bed.node_json()["metadata"]["labels"].clone();
+    assert_eq!(
+        labels["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3",
+        "GFD labels from the pod: {labels}"
+    );
+
+    // The seed: kubectl label nodes <node> nvidia.com/mig.config=all-1g.10gb --overwrite.
+    let t0 = Instant::now();
+    bed.cluster
+        .kubectl(&[
+            "label",
+            "nodes",
+            &bed.node.name,
+            "nvidia.com/mig.config=all-1g.10gb",
+            "--overwrite",
+        ])
+        .unwrap();
+    let mut states = Vec::new();
+    bed.wait("mig.config.state success", 180, || {
+        let state = bed.node_json()["metadata"]["labels"]["nvidia.com/mig.config.state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        if states.last() != Some(&state) {
+            states.push(state.clone());
+        }
+        state == "success"
+    });
+    assert!(
+        states.iter().any(|s| s == "pending"),
+        "the state went through pending: {states:?}"
+    );
+    bed.wait("56 nvidia.com/mig-1g.10gb allocatable", 60, || {
+        bed.allocatable("nvidia.com/mig-1g.10gb").as_deref() == Some("56")
+    });
+    figure(
+        "mig.config label -> 56 mig-1g.10gb allocatable (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+
+    // The seed's inference-small pod (limits nvidia.com/mig-1g.10gb: 1), our test image.
+    let t0 = Instant::now();
+    bed.cluster
+        .apply(&bed.workload("inference-small", "nvidia.com/mig-1g.10gb"))
+        .unwrap();
+    bed.wait("inference-small Running", 120, || {
+        bed.pod_phase("inference-small") == "Running"
+    });
+    figure(
+        "GPU pod create -> Running (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    let env = bed.exec("inference-small", &["env"]);
+    let visible = env
+        .lines()
+        .find_map(|l| l.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+        .unwrap_or_else(|| panic!("no NVIDIA_VISIBLE_DEVICES in the container:\n{env}"))
+        .to_string();
+    assert!(
+        visible.starts_with("MIG-") && !visible.contains(','),
+        "one MIG device: {visible}"
+    );
+    let inventory = |bed: &Bed| {
+        let out = common::run(&[
+            "inventory",
+            "--sim-state",
+            bed.sim_state.to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        assert!(out.status.success(), "{}", common::text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let show = inventory(&bed);
+    assert!(
+        show.contains(&format!("\"{visible}\"")),
+        "{visible} is a MIG device of the node:\n{show}"
+    );
+
+    // A real Prometheus scrapes the agent pod and sees the GPU pod's labels.
+    let agent = bed.agent_pod().unwrap();
+    let pod_ip = agent["status"]["podIP"].as_str().unwrap().to_string();
+    let prometheus = Prometheus::start(bed.node.dir(), &format!("{pod_ip}:9400"));
+    let query =
+        "DCGM_FI_DEV_GPU_UTIL{pod=\"inference-small\",namespace=\"default\",container=\"model\"}";
+    let mut result = Value::Null;
+    bed.wait(
+        "Prometheus to see inference-small on a GPU metric",
+        90,
+        || {
+            result = prometheus.query(query);
+            result["data"]["result"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty())
+        },
+    );
+    let series = &result["data"]["result"][0]["metric"];
+    assert_eq!(series["GPU_I_PROFILE"], "1g.10gb", "{series}");
+    assert_eq!(series["Hostname"], bed.node.name.as_str(), "{series}");
+    drop(prometheus);
+
+    let agent_uid = agent["metadata"]["uid"].as_str().unwrap().to_string();
+    if let Some(bytes) = cgroup_working_set(&agent_uid) {
+        figure(
+            "agent pod working set, 8 GPUs x 7 MIG, 1 GPU pod (MiB)",
+            format!("{:.1}", bytes as f64 / 1048576.0),
+        );
+    }
+
+    // kill -9 of the agent inside its pod: the kubelet restarts it, it registers again, the
+    // allocation and the MIG layout are intact.
+    let registrations = "Got registration request from device plugin";
+    let before = bed.node.kubelet_log_count(registrations);
+    assert!(before > 0, "the agent registered with the kubelet");
+    let pid = bed
+        .node
+        .container_pid(&agent_uid, "agent")
+        .unwrap()
+        .expect("the agent container's pid");
+    let t0 = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    bed.wait("the agent to register again", 120, || {
+        bed.node.kubelet_log_count(registrations) > before
+    });
+    figure(
+        "agent kill -9 -> re-registered (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    bed.wait("the agent restarted once and Ready", 60, || {
+        bed.agent_pod().is_some_and(|p| {
+            p["status"]["containerStatuses"][0]["restartCount"] == 1
+                && p["status"]["containerStatuses"][0]["ready"] == true
+        })
+    });
+    assert_eq!(
+        bed.agent_pod().unwrap()["metadata"]["uid"],
+        agent_uid.as_str(),
+        "the same pod, its container restarted"
+    );
+    assert_eq!(bed.pod_phase("inference-small"), "Running");
+    let env_after = bed.exec("inference-small", &["env"]);
+    assert!(env_after.contains(&format!("NVIDIA_VISIBLE_DEVICES={visible}")));
+    let labels = bed.node_json()["metadata"]["labels"].clone();
+    assert_eq!(labels["nvidia.com/mig.config.state"], "success", "{labels}");
+    bed.wait("56 MIG devices still allocatable", 30, || {
+        bed.allocatable("nvidia.com/mig-1g.10gb").as_deref() == Some("56")
+    });
+    let show_after = inventory(&bed);
+    assert!(show.matches("\"MIG-").count() >= 56, "{show}");
+    assert_eq!(
+        show.matches("\"MIG-").count(),
+        show_after.matches("\"MIG-").count(),
+        "the MIG layout is the same after the restart"
+    );
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn time_slicing_on_an_l4_node_lets_four_pods_share_one_gpu() {
+    let fleet_dir = tempfile::tempdir().unwrap();
+    let fleet = fleet_dir.path().join("one-l4.yaml");
+    std::fs::write(
+        &fleet,
+        "hostname: l4-node\ngpus:\n  - model: L4\n    count: 1\n",
+    )
+    .unwrap();
+    let bed = Bed::start(fleet.to_str().unwrap());
+    let config = r#"{"default":"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"}"#;
+    bed.install(&[
+        "--set",
+        "mig.enabled=false",
+        "--set-json",
+        &format!("devicePlugin.configs={config}"),
+    ]);
+    bed.wait("4 nvidia.com/gpu replicas allocatable", 120, || {
+        bed.allocatable("nvidia.com/gpu").as_deref() == Some("4")
+    });
+    bed.wait_agent_ready();
+    for i in 0..4 {
+        bed.cluster
+            .apply(&bed.workload(&format!("shared-{i}"), "nvidia.com/gpu"))
+            .unwrap();
+    }
+    bed.wait("4 pods Running", 120, || {
+        (0..4).all(|i| bed.pod_phase(&format!("shared-{i}")) == "Running")
+    });
+    let mut seen = Vec::new();
+    for i in 0..4 {
+        let env = bed.exec(&format!("shared-{i}"), &["env"]);
+        let visible = env
+            .lines()
+            .find_map(|l| l.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+            .unwrap_or_else(|| panic!("shared-{i} has no NVIDIA_VISIBLE_DEVICES:\n{env}"))
+            .to_string();
+        seen.push(visible);
+    }
+    assert!(seen[0].starts_with("GPU-"), "{seen:?}");
+    assert!(
+        seen.iter().all(|v| v == &seen[0]),
+        "all four share the one L4: {seen:?}"
+    );
+    // A fifth finds no replica left: the real scheduler says so.
+    bed.cluster
+        .apply(&bed.workload("shared-4", "nvidia.com/gpu"))
+        .unwrap();
+    bed.wait("the fifth pod unschedulable", 60, || {
+        bed.cluster
+            .kubectl(&[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=shared-4,reason=FailedScheduling",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ])
+            .is_ok_and(|m| m.contains("Insufficient nvidia.com/gpu"))
+    });
+}
+
+/// A real Prometheus scraping one target every second.
+struct Prometheus {
+    child: std::process::Child,
+    address: String,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, target: &str) -> Prometheus {
+        let port = gpuops_testbed::free_port().unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n- job_name: gpuops\n  static_configs:\n  - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("prometheus-tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("prometheus not found: scripts/test installs Debian's prometheus package");
+        Prometheus {
+            child,
+            address: format!("127.0.0.1:{port}"),
+        }
+    }
+
+    fn query(&self, q: &str) -> Value {
+        let encoded: String = q
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        http_get(&self.address, &format!("/api/v1/query?query={encoded}"))
+            .and_then(|body| serde_json::from_str(&body).ok())
+            .unwrap_or(Value::Null)
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
