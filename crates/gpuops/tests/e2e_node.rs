@@ -5,7 +5,7 @@
 
 mod common;
 
-use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, wait_until};
+use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, User, wait_until};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -419,6 +419,63 @@ fn what_others_remove_comes_back_the_transition_time_survives_restarts_and_healt
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
     drop(agent);
+}
+
+fn agent_role(verbs: &str) -> String {
+    format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: gpuops-agent-test\nrules:\n- apiGroups: [\"\"]\n  resources: [nodes, nodes/status]\n  verbs: [{verbs}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: gpuops-agent-test\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: gpuops-agent-test\nsubjects:\n- apiGroup: rbac.authorization.k8s.io\n  kind: User\n  name: gpuops-agent\n"
+    )
+}
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn a_refused_write_is_logged_once_and_retried_with_backoff_until_it_is_allowed() {
+    let cluster = Cluster::start(ClusterOptions {
+        users: vec![User::plain("gpuops-agent")],
+        ..ClusterOptions::default()
+    })
+    .unwrap();
+    let node = HarnessNode::start(&cluster, "gpu-node").unwrap();
+    // The agent may read and watch its node but not write it yet.
+    cluster.apply(&agent_role("get, list, watch")).unwrap();
+    let state = cluster.dir().join("sim");
+    let state_s = state.to_str().unwrap().to_string();
+    let o = common::run(&["sim", "init", "--fleet", "l4x4", "--state", &state_s]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let kubeconfig = cluster.kubeconfig_for("gpuops-agent");
+    let agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent.log"),
+        &["--sim-state", &state_s],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    wait_until(
+        "the refused write reported",
+        Duration::from_secs(60),
+        || agent.log().contains("retrying with backoff"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    assert!(!labels(&cluster, "gpu-node").contains_key("nvidia.com/gpu.product"));
+    cluster
+        .apply(&agent_role("get, list, watch, patch"))
+        .unwrap();
+    wait_until(
+        "labels and condition once allowed",
+        Duration::from_secs(90),
+        || {
+            labels(&cluster, "gpu-node").contains_key("nvidia.com/gpu.product")
+                && condition(&cluster, "gpu-node").is_some_and(|c| c["status"] == "True")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let log = agent.log();
+    assert_eq!(
+        log.matches("retrying with backoff").count(),
+        1,
+        "a lasting failure is logged once:\n{log}"
+    );
+    assert!(log.contains("written again"), "{log}");
 }
 
 const MIG_CONFIGS: &str = "version: v1
