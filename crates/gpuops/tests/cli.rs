@@ -814,3 +814,41 @@ fn without_nvml_fail_on_init_error_false_keeps_the_agent_up_until_the_driver_app
     }
     assert!(agent.terminate().success());
 }
+
+#[cfg(not(feature = "test-hooks"))]
+#[test]
+fn the_shipped_binary_has_no_test_only_knobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mig.yaml");
+    std::fs::write(
+        &config,
+        "version: v1\nmig-configs:\n  all-disabled:\n  - devices: all\n    mig-enabled: false\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let base = [
+        "mig",
+        "apply",
+        "-f",
+        config,
+        "-c",
+        "all-disabled",
+        "--simulate",
+        "dgx-h100",
+    ];
+    let mut crash = base.to_vec();
+    crash.extend(["--crash-after", "1"]);
+    let o = run(&crash);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--crash-after"), "{}", stderr(&o));
+    // The step delay's environment variable means nothing to it (with the knob, this value is a
+    // parse error).
+    let mut dry = base.to_vec();
+    dry.push("--dry-run");
+    let o = gpuops()
+        .args(&dry)
+        .env("GPUOPS_MIG_STEP_DELAY", "not-a-duration")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+}
