@@ -99,7 +99,7 @@ pub struct Agent {
 }
 
 /// How long shutdown waits for tasks to drain before it abandons them.
-const DRAIN: Duration = Duration::from_millis(1500);
+const DRAIN: Duration = Duration::from_secs(1);
 
 impl Agent {
     /// `first` is the snapshot the binary already printed. `gpus` is `None` when NVML could

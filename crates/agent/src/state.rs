@@ -46,3 +46,26 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn the_loop_is_alive_until_it_has_not_gone_round_for_the_stale_period() {
+        let probes = Probes {
+            serve: gpuops_serve::Probes::new(),
+            last_loop_ms: Arc::new(AtomicU64::new(now_ms())),
+            stale_after_ms: 60_000,
+        };
+        assert!(probes.loop_alive());
+        probes
+            .last_loop_ms
+            .store(now_ms().saturating_sub(61_000), Ordering::Relaxed);
+        assert!(
+            !probes.loop_alive(),
+            "a loop stuck for 61 s of 60 is not alive"
+        );
+    }
+}
