@@ -262,6 +262,16 @@ pub(crate) async fn serve(
             }
         })
     };
+    // The first scrape gets the first collection: connections wait in the socket's backlog
+    // until it is rendered (pod labels included, at most the PodResources timeout).
+    let mut body = served.body.clone();
+    tokio::select! {
+        _ = stop.changed() => {
+            watchdog.abort();
+            return;
+        }
+        _ = body.wait_for(|b| !b.is_empty()) => {}
+    }
     let options = gpuops_serve::Options {
         drain_timeout: DRAIN,
         ..gpuops_serve::Options::default()
