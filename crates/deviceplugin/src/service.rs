@@ -1,7 +1,7 @@
 //! One resource's DevicePlugin gRPC service: ListAndWatch from the published state, Allocate and
 //! GetPreferredAllocation through the pure resource model.
 
-use crate::supervisor::Published;
+use crate::published::Published;
 use gpuops_kubelet_api::deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,
@@ -10,7 +10,7 @@ use gpuops_kubelet_api::deviceplugin::v1beta1::{
     device_plugin_server::DevicePlugin,
 };
 use gpuops_kubelet_api::{HEALTHY, UNHEALTHY};
-use gpuops_resources::allocate::{HostDevices, allocate};
+use gpuops_resources::allocate::allocate;
 use gpuops_resources::model::Resource;
 use gpuops_resources::preferred::preferred_allocation;
 use std::pin::Pin;
@@ -148,7 +148,7 @@ impl DevicePlugin for PluginService {
         let (published, resource) = self.current();
         let resource = resource
             .ok_or_else(|| Status::not_found(format!("{} is not advertised", self.resource)))?;
-        let host = HostDevices::default();
+        let host = Arc::clone(&published.host);
         let mut container_responses = Vec::new();
         for c in request.into_inner().container_requests {
             let a = allocate(&resource, &c.devices_ids, &published.config, &host).map_err(|e| {

@@ -1,16 +1,15 @@
 //! Keeps one server per advertised resource running and registered, across kubelet restarts and
 //! resource changes.
 
-use crate::PluginError;
+use crate::error::PluginError;
+use crate::published::Published;
+use crate::register::RegistrationBackoff;
 use crate::service::PluginService;
-use gpuops_inventory::Inventory;
 use gpuops_kubelet_api::deviceplugin::v1beta1::{
     DevicePluginOptions, RegisterRequest, device_plugin_server::DevicePluginServer,
     registration_client::RegistrationClient,
 };
 use gpuops_kubelet_api::{KUBELET_SOCKET, VERSION, unix};
-use gpuops_resources::config::Config;
-use gpuops_resources::model::Resource;
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -19,14 +18,6 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-/// What the plugins advertise now: derived from one inventory snapshot and the effective config.
-#[derive(Debug, Clone)]
-pub struct Published {
-    pub resources: Vec<Resource>,
-    pub config: Config,
-    pub inventory: Arc<Inventory>,
-}
-
 /// One resource's server.
 struct Running {
     socket: PathBuf,
@@ -34,6 +25,8 @@ struct Running {
     task: JoinHandle<()>,
     /// The kubelet socket (device, inode) we registered with; `None` until registered.
     registered_with: Option<(u64, u64)>,
+    /// Rejected or failed registrations: when to try again and what was last logged.
+    backoff: RegistrationBackoff,
 }
 
 /// How often the supervisor looks for kubelet restarts and resource changes.
@@ -98,13 +91,24 @@ pub async fn serve(
             }
             if let (Some(r), Some(k)) = (running.get_mut(&resource.name), kubelet)
                 && r.registered_with != Some(k)
+                && r.backoff.due(k, std::time::Instant::now())
             {
                 match register(&plugin_dir, &resource.name, &resource.socket_name).await {
                     Ok(()) => {
                         tracing::info!(resource = %resource.name, socket = %socket.display(), "registered with the kubelet");
                         r.registered_with = Some(k);
+                        r.backoff.succeeded();
                     }
-                    Err(e) => tracing::warn!("{e}; retrying"),
+                    Err(e) => {
+                        let message = e.to_string();
+                        let (wait, first) = r.backoff.failed(&message, std::time::Instant::now());
+                        // Once per kind of failure, not once per attempt.
+                        if first {
+                            tracing::warn!(resource = %resource.name, error = %message, retry_in = ?wait, "{message}; retrying with backoff");
+                        } else {
+                            tracing::debug!(resource = %resource.name, error = %message, retry_in = ?wait, "registration failed again");
+                        }
+                    }
                 }
             }
         }
@@ -158,6 +162,7 @@ fn start(
         stop: Some(stop_tx),
         task,
         registered_with: None,
+        backoff: RegistrationBackoff::default(),
     })
 }
 

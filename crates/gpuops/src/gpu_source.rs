@@ -45,27 +45,32 @@ pub struct Opened {
     pub simulation: Option<Simulation>,
 }
 
-impl Opened {
-    /// One line saying where the GPUs come from.
-    pub fn describe(&self) -> String {
-        match &self.simulation {
-            Some(sim) => format!(
-                "simulated driver {} ({}state {})",
-                self.gpus.library().describe(),
-                sim.fleet
-                    .as_ref()
-                    .map(|f| format!("fleet {f}, "))
-                    .unwrap_or_default(),
-                sim.state_dir.display()
-            ),
-            None => format!("NVIDIA driver ({})", self.gpus.library().describe()),
-        }
+/// One line saying where GPUs opened from `library` come from.
+pub fn describe(library: &Library, simulation: Option<&Simulation>) -> String {
+    match simulation {
+        Some(sim) => format!(
+            "simulated driver {} ({}state {})",
+            library.describe(),
+            sim.fleet
+                .as_ref()
+                .map(|f| format!("fleet {f}, "))
+                .unwrap_or_default(),
+            sim.state_dir.display()
+        ),
+        None => format!("NVIDIA driver ({})", library.describe()),
     }
 }
 
 /// Opens the GPUs the flags name. Must run before any thread is started (it may set the simulator's
 /// environment variable).
 pub fn open(args: &GpuArgs) -> Result<Opened> {
+    let (library, simulation) = prepare(args)?;
+    let gpus = Gpus::open(library)?.with_sysfs_root(&args.sysfs_root);
+    Ok(Opened { gpus, simulation })
+}
+
+/// The library the flags name and the simulation they set up, without loading anything yet.
+pub fn prepare(args: &GpuArgs) -> Result<(Library, Option<Simulation>)> {
     let simulation = match (&args.simulate, &args.sim_state) {
         (Some(fleet_name), dir) => Some(create_simulation(fleet_name, dir.as_deref())?),
         (None, Some(dir)) => {
@@ -88,8 +93,31 @@ pub fn open(args: &GpuArgs) -> Result<Opened> {
     if let Some(sim) = &simulation {
         gpuops_nvml::use_simulator_state(&sim.state_dir);
     }
-    let gpus = Gpus::open(library)?.with_sysfs_root(&args.sysfs_root);
-    Ok(Opened { gpus, simulation })
+    Ok((library, simulation))
+}
+
+/// Where the driver's NVML is looked for: `libnvidia-ml.so.1` under each driver root (a
+/// container mounts the host's driver there, e.g. CONTAINER_DRIVER_ROOT=/driver-root), then the
+/// dynamic loader's search path.
+pub fn driver_libraries(roots: &[&str]) -> Vec<Library> {
+    const DIRS: [&str; 4] = [
+        "usr/lib64",
+        "usr/lib/x86_64-linux-gnu",
+        "usr/lib/aarch64-linux-gnu",
+        "lib64",
+    ];
+    let mut out = Vec::new();
+    for root in roots.iter().filter(|r| !r.is_empty() && **r != "/") {
+        for dir in DIRS {
+            // Listed even when absent now: a driver container may install it later.
+            let candidate = Library::Path(Path::new(root).join(dir).join("libnvidia-ml.so.1"));
+            if !out.contains(&candidate) {
+                out.push(candidate);
+            }
+        }
+    }
+    out.push(Library::System);
+    out
 }
 
 fn create_simulation(fleet_name: &str, dir: Option<&Path>) -> Result<Simulation> {

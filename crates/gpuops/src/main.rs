@@ -3,14 +3,8 @@
 //! Installed as `kubectl-gpu` it also works as a kubectl plugin (`kubectl gpu ...`).
 
 mod cmd;
-mod config_warnings;
-mod exporter;
 mod gpu_source;
-mod mig_flow;
-mod node_config;
-mod node_sync;
 mod output;
-mod watch;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
@@ -37,9 +31,14 @@ const VERSION: &str = concat!(
     verbatim_doc_comment
 )]
 struct Cli {
-    /// Log filter (e.g. `info`, `gpuops=debug`); also read from RUST_LOG.
-    #[arg(long, global = true, env = "GPUOPS_LOG", default_value = "warn")]
-    log: String,
+    /// Log filter (e.g. `info`, `gpuops_agent=debug`); also read from RUST_LOG [default: `info`
+    /// for `agent` and `exporter`, whose events are their output; `warn` for the rest].
+    #[arg(long, global = true, env = "GPUOPS_LOG")]
+    log: Option<String>,
+    /// Log lines as `text` or `json` (one object per line with the event's fields, for log
+    /// pipelines).
+    #[arg(long, global = true, env = "GPUOPS_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -67,15 +66,25 @@ enum Command {
 fn main() -> ExitCode {
     // kubectl runs plugins as `kubectl-gpu`: same binary, same commands.
     let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Agent(_) | Command::Exporter(_) => "info",
+        _ => "warn",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+        .or_else(|_| {
+            tracing_subscriber::EnvFilter::try_new(cli.log.as_deref().unwrap_or(default_level))
+        })
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    if cli.log_format == "json" {
+        logs.json().init();
+    } else {
         // Colour codes only for a terminal: logs piped to files and collectors stay plain.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
     let result = match cli.command {
         Command::Agent(args) => cmd::agent::run(args),
         Command::Exporter(args) => cmd::agent::run_exporter(args),

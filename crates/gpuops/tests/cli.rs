@@ -138,11 +138,21 @@ impl Agent {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start agent");
+        // The banner is on stdout, the agent's events (tracing) on stderr: read both.
         let out = child.stdout.take().unwrap();
+        let err = child.stderr.take().unwrap();
         let (tx, lines) = mpsc::channel();
+        let tx_err = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx_err.send(line).is_err() {
                     break;
                 }
             }
@@ -172,6 +182,15 @@ impl Agent {
             "agent never printed {needle:?}; it printed:\n{}",
             self.seen.join("\n")
         );
+    }
+
+    /// Like [`Agent::wait_for`], but a line already read counts too: stdout and stderr are read
+    /// on two threads, so a line of one may have been read while waiting on the other.
+    fn saw_or_wait(&mut self, needle: &str) -> String {
+        match self.seen.iter().find(|l| l.contains(needle)) {
+            Some(line) => line.clone(),
+            None => self.wait_for(needle),
+        }
     }
 
     fn terminate(mut self) -> std::process::ExitStatus {
@@ -528,4 +547,308 @@ fn nvidia_flags_win_over_env_vars_which_win_over_the_config_file() {
         "{}",
         stderr(&o)
     );
+}
+
+/// `GET path` on `address`, as (status line and headers, body).
+fn http_get(address: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head.to_string(), body.to_string())
+}
+
+#[test]
+fn a_hung_api_server_delays_neither_xid_health_nor_metrics_nor_shutdown() {
+    // An API server that accepts connections and never answers a byte.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = hung.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in hung.incoming() {
+            held.push(stream);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: hung\n  cluster:\n    server: http://{api}\ncontexts:\n- name: hung\n  context:\n    cluster: hung\n    user: u\nusers:\n- name: u\n  user: {{}}\ncurrent-context: hung\n"
+        ),
+    )
+    .unwrap();
+    let state = dir.path().join("sim");
+    let plugins = dir.path().join("plugins");
+    let mut agent = Agent::start(&[
+        "agent",
+        "--simulate",
+        "dgx-h100",
+        "--sim-state",
+        state.to_str().unwrap(),
+        "--interval",
+        "300ms",
+        "--kubernetes",
+        "--taint-unhealthy",
+        "--node-name",
+        "gpu-node-1",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--device-plugin-dir",
+        plugins.to_str().unwrap(),
+    ]);
+    let address = agent
+        .wait_for("metrics        http://")
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap()
+        .to_string();
+    agent.wait_for("watching 8 GPUs");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut stream = runtime.block_on(async {
+        use gpuops_kubelet_api::deviceplugin::v1beta1::{
+            Empty, device_plugin_client::DevicePluginClient,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let channel = loop {
+            match gpuops_kubelet_api::unix::connect(&plugins.join("nvidia-gpu.sock")).await {
+                Ok(c) => break c,
+                Err(e) => assert!(Instant::now() < deadline, "no plugin socket: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        DevicePluginClient::new(channel)
+            .list_and_watch(Empty {})
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let o = run(&[
+        "sim",
+        "xid",
+        "--gpu",
+        "3",
+        "--xid",
+        "48",
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    agent.wait_for("XID 48 on GPU 3");
+    runtime.block_on(async {
+        let wait = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(message) = stream.message().await.unwrap() {
+                let unhealthy = message
+                    .devices
+                    .iter()
+                    .filter(|d| d.health == "Unhealthy")
+                    .count();
+                if unhealthy == 1 {
+                    return;
+                }
+            }
+            panic!("ListAndWatch ended");
+        });
+        wait.await
+            .expect("GPU 3 never turned Unhealthy on ListAndWatch while the API server hangs");
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = http_get(&address, "/metrics");
+        let unhealthy_gpu3 = body.lines().any(|l| {
+            l.starts_with("gpuops_device_healthy{") && l.contains("gpu=\"3\"") && l.ends_with(" 0")
+        });
+        if unhealthy_gpu3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never showed GPU 3 unhealthy:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (head, _) = http_get(&address, "/healthz");
+    assert!(head.contains(" 200"), "{head}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &agent.child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Some(status) = agent.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not exit within 2 s of SIGTERM while the API server hangs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn log_format_json_gives_one_object_per_event_with_its_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap().to_string();
+    let mut agent = Agent::start(&[
+        "agent",
+        "--simulate",
+        "l4x4",
+        "--sim-state",
+        &state,
+        "--interval",
+        "300ms",
+        "--log-format",
+        "json",
+    ]);
+    agent.wait_for("watching 4 GPUs");
+    let o = run(&["sim", "xid", "--gpu", "2", "--xid", "79", "--state", &state]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = agent.wait_for("XID 79 on GPU 2");
+    let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(event["level"], "WARN", "{line}");
+    assert_eq!(event["fields"]["gpu"], 2, "{line}");
+    assert_eq!(event["fields"]["xid"], 79, "{line}");
+    assert!(
+        event["fields"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("fallen off the bus"),
+        "{line}"
+    );
+    assert!(agent.terminate().success());
+}
+
+/// The simulated driver cargo built next to the binary.
+fn sim_library() -> std::path::PathBuf {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpuops"));
+    let dir = bin.parent().unwrap();
+    [dir.join("libnvml_sim.so"), dir.join("deps/libnvml_sim.so")]
+        .into_iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().modified().unwrap())
+        .expect("libnvml_sim.so next to the binary")
+}
+
+#[test]
+fn without_nvml_fail_on_init_error_false_keeps_the_agent_up_until_the_driver_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sim");
+    let o = run(&[
+        "sim",
+        "init",
+        "--fleet",
+        "l4x4",
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let library = dir.path().join("driver/usr/lib64/libnvidia-ml.so.1");
+    let plugins = dir.path().join("plugins");
+    let args = [
+        "agent",
+        "--sim-state",
+        state.to_str().unwrap(),
+        "--nvml-lib",
+        library.to_str().unwrap(),
+        "--interval",
+        "300ms",
+        "--device-plugin-dir",
+        plugins.to_str().unwrap(),
+    ];
+    // NVIDIA's default (FAIL_ON_INIT_ERROR=true): a clear failure with the hints.
+    let o = gpuops().args(args).output().unwrap();
+    assert!(!o.status.success());
+    let text = stderr(&o);
+    assert!(
+        text.contains(library.to_str().unwrap()) && text.contains("FAIL_ON_INIT_ERROR=false"),
+        "{text}"
+    );
+
+    let mut cmd = gpuops();
+    cmd.args(args).env("FAIL_ON_INIT_ERROR", "false");
+    let mut agent = Agent::spawn(&mut cmd);
+    let address = agent
+        .wait_for("metrics        http://")
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap()
+        .to_string();
+    let line = agent.saw_or_wait("cannot load NVML");
+    assert!(
+        line.contains("not a GPU node") && line.contains(library.to_str().unwrap()),
+        "{line}"
+    );
+    let (head, _) = http_get(&address, "/healthz");
+    assert!(head.contains(" 200"), "{head}");
+    let (head, body) = http_get(&address, "/metrics");
+    assert!(head.contains(" 200"), "{head}");
+    assert!(body.contains("gpuops_collections_total"), "{body}");
+    assert!(!body.contains("DCGM_FI_DEV_GPU_TEMP{"), "{body}");
+    let sockets = |d: &std::path::Path| {
+        std::fs::read_dir(d)
+            .map(|e| e.filter_map(Result::ok).count())
+            .unwrap_or(0)
+    };
+    assert_eq!(sockets(&plugins), 0, "advertised devices without NVML");
+
+    // The driver appears (a driver container finished installing): picked up by the retries.
+    std::fs::create_dir_all(library.parent().unwrap()).unwrap();
+    std::fs::copy(sim_library(), &library).unwrap();
+    agent.wait_for("NVML loaded from");
+    agent.wait_for("watching 4 GPUs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !plugins.join("nvidia-gpu.sock").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no device plugin socket after NVML loaded"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(agent.terminate().success());
+}
+
+#[cfg(not(feature = "test-hooks"))]
+#[test]
+fn the_shipped_binary_has_no_test_only_knobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mig.yaml");
+    std::fs::write(
+        &config,
+        "version: v1\nmig-configs:\n  all-disabled:\n  - devices: all\n    mig-enabled: false\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let base = [
+        "mig",
+        "apply",
+        "-f",
+        config,
+        "-c",
+        "all-disabled",
+        "--simulate",
+        "dgx-h100",
+    ];
+    let mut crash = base.to_vec();
+    crash.extend(["--crash-after", "1"]);
+    let o = run(&crash);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--crash-after"), "{}", stderr(&o));
+    // The step delay's environment variable means nothing to it (with the knob, this value is a
+    // parse error).
+    let mut dry = base.to_vec();
+    dry.push("--dry-run");
+    let o = gpuops()
+        .args(&dry)
+        .env("GPUOPS_MIG_STEP_DELAY", "not-a-duration")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
 }

@@ -655,6 +655,10 @@ fn applying_between_random_layouts_converges_and_keeps_shared_instances() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test-only --crash-after: cargo test --features test-hooks (scripts/test sets it)"
+)]
 fn a_crash_between_creating_a_gpu_instance_and_its_compute_instance_is_cleaned_up() {
     let node = Node::new("dgx-h100");
     // 8 mode changes, then the first GPU instance on GPU 0; the crash comes before its compute

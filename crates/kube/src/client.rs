@@ -1,6 +1,6 @@
 //! The one client builder: every gpuops command that reads a cluster fills [`ClientOptions`].
 
-use crate::KubeError;
+use crate::error::KubeError;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::path::PathBuf;
 use std::time::Duration;

@@ -6,7 +6,8 @@
 //! Every write returns the Node as the API server now has it, so a reconciler compares its next
 //! desired state with what is there, not with what it believes it wrote.
 
-use crate::{KubeError, bounded, strip_managed_fields};
+use crate::error::{KubeError, bounded};
+use crate::watch::strip_managed_fields;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -254,12 +255,12 @@ mod tests {
         };
         let other = taint("dedicated", "ml");
         assert!(taint_agrees(
-            &[other.clone()],
+            std::slice::from_ref(&other),
             "gpuops.io/gpu-unhealthy",
             None
         ));
         assert!(!taint_agrees(
-            &[other.clone()],
+            std::slice::from_ref(&other),
             "gpuops.io/gpu-unhealthy",
             Some(&wanted)
         ));
@@ -269,7 +270,11 @@ mod tests {
             &wanted.key,
             Some(&wanted)
         ));
-        assert!(!taint_agrees(&[ours.clone()], &wanted.key, None));
+        assert!(!taint_agrees(
+            std::slice::from_ref(&ours),
+            &wanted.key,
+            None
+        ));
         let stale = taint("gpuops.io/gpu-unhealthy", "GpuLost");
         assert!(!taint_agrees(&[stale], &wanted.key, Some(&wanted)));
     }

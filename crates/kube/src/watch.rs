@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-use crate::{KubeError, bounded};
+use crate::error::{KubeError, bounded};
 
 /// Drops `metadata.managedFields`: nothing in gpuops reads them and they are most of a Node's size.
 pub fn strip_managed_fields<K: Resource>(mut object: K) -> K {

@@ -3,7 +3,6 @@
 use crate::gpu_source::{self, GpuArgs};
 use anyhow::Result;
 use clap::Subcommand;
-use gpuops_resources::HostDevices;
 use gpuops_resources::cdi::{self, CdiSpec};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -69,7 +68,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let host = if simulated {
         HostDevices::default()
     } else {
-        host_devices(Path::new(&args.dev_root))
+        gpuops_deviceplugin::probe_host(Path::new(&args.dev_root), Path::new("/proc"))
     };
     let spec = cdi::spec(&inventory, &host, &args.dev_root);
     if let Err(problems) = cdi::validate(&spec) {
@@ -100,18 +99,4 @@ fn render(spec: &CdiSpec, format: SpecFormat) -> Result<String> {
         SpecFormat::Json => serde_json::to_string_pretty(spec)? + "\n",
         SpecFormat::Yaml => serde_saphyr::to_string(spec)?,
     })
-}
-
-/// Which control nodes exist under `dev_root`, and the MIG capability minors the driver lists.
-fn host_devices(dev_root: &Path) -> HostDevices {
-    let exists = |name: &str| dev_root.join("dev").join(name).exists();
-    HostDevices {
-        nvidiactl: exists("nvidiactl"),
-        nvidia_uvm: exists("nvidia-uvm"),
-        nvidia_uvm_tools: exists("nvidia-uvm-tools"),
-        nvidia_modeset: exists("nvidia-modeset"),
-        mig_minors: std::fs::read_to_string("/proc/driver/nvidia-caps/mig-minors")
-            .ok()
-            .map(|t| gpuops_resources::parse_mig_minors(&t)),
-    }
 }

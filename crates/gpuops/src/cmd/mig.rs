@@ -14,7 +14,6 @@ use gpuops_migexec::{self as exec, Options};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 /// Partition GPUs with MIG from the mig-parted configs you already have, with exact placements and
 /// minimal disruption (only instances that must change are destroyed).
@@ -111,13 +110,9 @@ enum Action {
         /// Destroy MIG devices even when processes run in them (the driver may still refuse).
         #[arg(long)]
         force: bool,
-        /// Pause between driver calls (for testing interrupted applies; the environment variable
-        /// reaches the applies the agent's MIG flow starts).
-        #[arg(long, hide = true, env = "GPUOPS_MIG_STEP_DELAY", value_parser = super::parse_duration)]
-        step_delay: Option<Duration>,
-        /// Exit as if killed after this many driver changes (for testing interrupted applies).
-        #[arg(long, hide = true)]
-        crash_after: Option<usize>,
+        #[cfg(feature = "test-hooks")]
+        #[command(flatten)]
+        test_hooks: TestHooks,
     },
     /// Exit 0 if the node already has the named config, 1 (with the differences) if not.
     Assert {
@@ -226,6 +221,19 @@ fn checkpoint_path(arg: &CheckpointArg, opened: &gpu_source::Opened) -> PathBuf 
         })
 }
 
+/// Test-only knobs for interrupted applies (cargo feature `test-hooks`; not in the shipped binary).
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Clone, clap::Args)]
+pub struct TestHooks {
+    /// Pause between driver calls (the environment variable reaches the applies the agent's MIG
+    /// flow starts).
+    #[arg(long, hide = true, env = "GPUOPS_MIG_STEP_DELAY", value_parser = super::parse_duration)]
+    step_delay: Option<std::time::Duration>,
+    /// Exit as if killed after this many driver changes.
+    #[arg(long, hide = true)]
+    crash_after: Option<usize>,
+}
+
 pub fn run(args: Args) -> Result<ExitCode> {
     match args.action {
         Action::Validate { config, name, gpu } => {
@@ -239,9 +247,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             mode_only,
             dry_run,
             force,
-            step_delay,
-            crash_after,
+            #[cfg(feature = "test-hooks")]
+            test_hooks,
         } => {
+            #[cfg(feature = "test-hooks")]
+            let (step_delay, crash_after) = (test_hooks.step_delay, test_hooks.crash_after);
+            #[cfg(not(feature = "test-hooks"))]
+            let (step_delay, crash_after) = (None, None);
             let cfg = read_config(&selected.config)?;
             let named = cfg.get(&selected.name)?;
             let hooks = match hooks {

@@ -19,7 +19,7 @@ pub fn note(origin: &str, config: Config) -> Config {
         Err(poisoned) => poisoned.into_inner().record(origin, &config),
     };
     for w in warnings {
-        eprintln!("{} warning: {w}", crate::cmd::agent::clock());
+        tracing::warn!(file = origin, "{w}");
     }
     config
 }

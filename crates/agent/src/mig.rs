@@ -6,16 +6,27 @@
 //! GPUs, but never longer than the drain timeout: then the state is `failed`, the resources come
 //! back unchanged and the apply is retried with backoff (the node is never left wedged in
 //! `pending`). The apply itself runs as `gpuops mig apply` in a child process, with its checkpoint,
-//! so an agent killed half-way converges when it starts again.
+//! so an agent killed half-way converges when it starts again. Every child has a deadline: one that
+//! overruns it is killed, the state is `failed` and the GPUs are advertised again.
+//!
+//! The flow does not write the Node itself: it publishes the state label and annotations it wants
+//! ([`MigReport`]) and the node reconciler keeps them there, so a write that failed is made again.
 
-use crate::node_sync::{MIG_MANAGER, NodeWriter, rfc3339};
-use anyhow::Result;
-use gpuops_inventory::Inventory;
+use crate::state::NodeState;
+use gpuops_kube::{NodeWriter, now_secs, rfc3339};
+use k8s_openapi::api::core::v1::Node;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// The MIG state the flow wants on the Node (owned by the MIG field manager).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigReport {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
 
 /// The label naming the wanted config.
 pub const CONFIG_LABEL: &str = "nvidia.com/mig.config";
@@ -36,8 +47,12 @@ pub struct FlowConfig {
     pub drain_timeout: Duration,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// The `gpuops` binary the `mig` children run.
+    pub program: PathBuf,
     /// The GPU-source flags for `gpuops mig …` (`--sim-state DIR` or `--nvml-lib PATH`).
     pub gpu_flags: Vec<String>,
+    /// How long one child (`gpuops mig apply`, `assert`, a dry run) may run before it is killed.
+    pub child_timeout: Duration,
     /// Where to ask which pods hold GPUs; `None` skips the wait.
     pub pod_socket: Option<PathBuf>,
 }
@@ -96,23 +111,28 @@ struct Command {
     output: String,
 }
 
-async fn gpuops(args: &[String]) -> Command {
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
+/// Runs `program args` to its end, or kills it at `timeout`.
+async fn gpuops(program: &std::path::Path, args: &[String], timeout: Duration) -> Command {
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        // Killed when the deadline drops the future; an agent that stops leaves it running
+        // (its checkpoint lets the next agent converge).
+        .kill_on_drop(true)
+        .spawn();
+    let child = match child {
+        Ok(c) => c,
         Err(e) => {
             return Command {
                 ok: false,
-                output: format!("cannot find the gpuops binary: {e}"),
+                output: format!("cannot run {} {}: {e}", program.display(), args.join(" ")),
             };
         }
     };
-    match tokio::process::Command::new(exe)
-        .args(args)
-        .kill_on_drop(false)
-        .output()
-        .await
-    {
-        Ok(o) => {
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(Ok(o)) => {
             let stderr = String::from_utf8_lossy(&o.stderr).trim().to_string();
             let output = if stderr.is_empty() {
                 String::from_utf8_lossy(&o.stdout).trim().to_string()
@@ -124,26 +144,40 @@ async fn gpuops(args: &[String]) -> Command {
                 output,
             }
         }
-        Err(e) => Command {
+        Ok(Err(e)) => Command {
             ok: false,
-            output: format!("cannot run gpuops mig: {e}"),
+            output: format!("gpuops {}: {e}", args.first().map_or("", |a| a.as_str())),
+        },
+        Err(_) => Command {
+            ok: false,
+            output: format!(
+                "gpuops {} did not finish within {timeout:?} and was killed",
+                args.iter().take(2).cloned().collect::<Vec<_>>().join(" ")
+            ),
         },
     }
 }
 
 /// The flow's loop. `busy` is true while the device plugin must advertise nothing.
-pub async fn run(
+pub(crate) async fn run(
     cfg: FlowConfig,
     node: NodeWriter,
-    mut labels: watch::Receiver<Option<BTreeMap<String, String>>>,
-    inventory: watch::Receiver<Arc<Inventory>>,
+    mut observed: watch::Receiver<Option<Arc<Node>>>,
+    state: watch::Receiver<Arc<NodeState>>,
     busy: watch::Sender<bool>,
+    report: watch::Sender<Option<MigReport>>,
+    mut stop: watch::Receiver<bool>,
 ) {
+    let labels_of = |n: &Option<Arc<Node>>| {
+        n.as_ref()
+            .map(|n| n.metadata.labels.clone().unwrap_or_default())
+    };
     let mut flow = Flow {
         cfg,
         node,
-        inventory,
+        state,
         busy,
+        report,
         reported: None,
     };
     // What was last applied successfully: (config name, config file text).
@@ -153,7 +187,7 @@ pub async fn run(
     let mut first = true;
     let started = Instant::now();
     loop {
-        let node_labels = labels.borrow_and_update().clone();
+        let node_labels = labels_of(&observed.borrow_and_update());
         let wanted = match &node_labels {
             Some(l) => l
                 .get(CONFIG_LABEL)
@@ -176,11 +210,7 @@ pub async fn run(
                     Err(()) => {
                         failures += 1;
                         let wait = backoff(failures, flow.cfg.backoff_min, flow.cfg.backoff_max);
-                        println!(
-                            "{} MIG config {name}: retrying in {wait:?} (attempt {} failed)",
-                            crate::cmd::agent::clock(),
-                            failures
-                        );
+                        tracing::warn!(config = %name, attempt = failures, retry_in = ?wait, "MIG config {name}: retrying in {wait:?} (attempt {failures} failed)");
                         retry_at = Some(Instant::now() + wait);
                     }
                 }
@@ -199,12 +229,13 @@ pub async fn run(
             flow.busy.send_replace(false);
         }
         tokio::select! {
-            changed = labels.changed() => {
+            _ = stop.changed() => return,
+            changed = observed.changed() => {
                 if changed.is_err() {
                     return;
                 }
                 // A new wanted config is tried at once, whatever the backoff.
-                let now = labels.borrow().as_ref().and_then(|l| l.get(CONFIG_LABEL).cloned());
+                let now = labels_of(&observed.borrow()).and_then(|l| l.get(CONFIG_LABEL).cloned());
                 if now != wanted {
                     retry_at = None;
                     failures = 0;
@@ -218,13 +249,18 @@ pub async fn run(
 struct Flow {
     cfg: FlowConfig,
     node: NodeWriter,
-    inventory: watch::Receiver<Arc<Inventory>>,
+    state: watch::Receiver<Arc<NodeState>>,
     busy: watch::Sender<bool>,
+    report: watch::Sender<Option<MigReport>>,
     /// The state and reason last written.
     reported: Option<(State, String)>,
 }
 
 impl Flow {
+    async fn child(&self, args: &[String]) -> Command {
+        gpuops(&self.cfg.program, args, self.cfg.child_timeout).await
+    }
+
     fn mig_args(&self, verb: &str, name: &str, extra: &[&str]) -> Vec<String> {
         let mut args: Vec<String> = ["mig", verb, "-f"].iter().map(|s| s.to_string()).collect();
         args.push(self.cfg.config_file.display().to_string());
@@ -236,9 +272,11 @@ impl Flow {
 
     /// One try at making the GPUs match config `name`.
     async fn attempt(&mut self, name: &str) -> Result<(), ()> {
-        let dry_run = gpuops(&self.mig_args("apply", name, &["--dry-run"])).await;
+        let dry_run = self
+            .child(&self.mig_args("apply", name, &["--dry-run"]))
+            .await;
         let assert = if dry_run.ok {
-            gpuops(&self.mig_args("assert", name, &[])).await
+            self.child(&self.mig_args("assert", name, &[])).await
         } else {
             dry_run.clone()
         };
@@ -277,7 +315,7 @@ impl Flow {
                         self.cfg.drain_timeout
                     )),
                     Ok(()) => {
-                        let apply = gpuops(&self.mig_args("apply", name, &[])).await;
+                        let apply = self.child(&self.mig_args("apply", name, &[])).await;
                         if apply.ok { Ok(()) } else { Err(apply.output) }
                     }
                 };
@@ -312,9 +350,15 @@ impl Flow {
         };
         let deadline = Instant::now() + self.cfg.drain_timeout;
         loop {
-            let holders = match crate::exporter::list_pod_resources(&socket, None).await {
+            let listed = tokio::time::timeout(
+                Duration::from_secs(10),
+                crate::podresources::list_pod_resources(&socket, None),
+            )
+            .await
+            .unwrap_or_else(|_| Err("no answer within 10s".into()));
+            let holders = match listed {
                 Ok((assignments, _)) => {
-                    let inv = self.inventory.borrow().clone();
+                    let inv = Arc::clone(&self.state.borrow().inventory);
                     let map = gpuops_metrics::PodMap::build(assignments.iter().cloned(), &inv);
                     let mut names: Vec<String> = assignments
                         .iter()
@@ -331,7 +375,7 @@ impl Flow {
                     names
                 }
                 // The kubelet not answering is no proof that GPUs are free.
-                Err(e) => vec![format!("kubelet PodResources: {e:#}")],
+                Err(e) => vec![format!("kubelet PodResources: {e}")],
             };
             if holders.is_empty() {
                 return Ok(());
@@ -343,7 +387,8 @@ impl Flow {
         }
     }
 
-    /// Writes the state label (and the reason) and records an event when it changes.
+    /// Publishes the state label (and the reason) for the node reconciler and records an event
+    /// when it changes.
     async fn report(&mut self, state: State, name: &str, message: &str) {
         if self.reported.as_ref() == Some(&(state, message.to_string())) {
             return;
@@ -351,34 +396,31 @@ impl Flow {
         let mut labels = BTreeMap::new();
         labels.insert(STATE_LABEL.to_string(), state.label().to_string());
         let mut annotations = BTreeMap::new();
-        annotations.insert(
-            SINCE_ANNOTATION.to_string(),
-            rfc3339(crate::gpu_source::now_ms() / 1000),
-        );
+        annotations.insert(SINCE_ANNOTATION.to_string(), rfc3339(now_secs()));
         if state == State::Failed {
             annotations.insert(REASON_ANNOTATION.to_string(), truncate(message, 1000));
         }
-        let clock = crate::cmd::agent::clock();
-        println!("{clock} MIG config {name}: {} ({message})", state.label());
-        if let Err(e) = self
-            .node
-            .apply_metadata(MIG_MANAGER, &labels, &annotations)
-            .await
-        {
-            eprintln!("{clock} {e:#}");
-        }
+        tracing::info!(config = %name, state = state.label(), "MIG config {name}: {} ({message})", state.label());
+        self.report.send_replace(Some(MigReport {
+            labels,
+            annotations,
+        }));
         let reason = match state {
             State::Pending => "MIGConfigPending",
             State::Success => "MIGConfigApplied",
             State::Failed => "MIGConfigFailed",
         };
-        if let Err(e) = self
-            .node
-            .event(state == State::Failed, reason, &truncate(message, 1000))
-            .await
-        {
-            eprintln!("{clock} {e:#}");
-        }
+        // Events are best effort and must not hold the flow up when the API server is slow.
+        let (node, warning, note) = (
+            self.node.clone(),
+            state == State::Failed,
+            truncate(message, 1000),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = node.event(warning, reason, "ApplyMIGConfig", &note).await {
+                tracing::warn!(error = %e, "recording event {reason}: {e}");
+            }
+        });
         self.reported = Some((state, message.to_string()));
     }
 }
@@ -434,5 +476,60 @@ mod tests {
     fn long_reasons_are_cut_on_a_char_boundary() {
         assert_eq!(truncate("ééé", 3), "é…");
         assert_eq!(truncate("short", 10), "short");
+    }
+}
+
+#[cfg(test)]
+mod child_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_child_that_overruns_its_deadline_is_killed_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let script = dir.path().join("slow-gpuops");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho $$ > {}\nexec sleep 30\n",
+                pid_file.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let args = ["mig".to_string(), "apply".to_string()];
+        let done = gpuops(&script, &args, Duration::from_millis(500)).await;
+        assert!(!done.ok);
+        assert!(
+            done.output
+                .contains("did not finish within 500ms and was killed"),
+            "{}",
+            done.output
+        );
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .to_string();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Gone, or a zombie waiting for tokio's reaper: either way no longer running.
+        let running = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| !r.trim_start().starts_with('Z'))
+            })
+        };
+        while running() {
+            assert!(Instant::now() < deadline, "child {pid} still runs");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let quick = gpuops(
+            std::path::Path::new("/bin/true"),
+            &args,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(quick.ok, "{}", quick.output);
     }
 }

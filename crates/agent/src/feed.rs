@@ -1,0 +1,232 @@
+//! The device plugin config and what the plugins advertise, derived from every new state.
+//!
+//! The config is resolved here whether or not the agent serves the device plugin: the node's
+//! labels (`nvidia.com/mig.strategy`, the MIG devices) need the same MIG strategy either way.
+
+use crate::named::{LABEL, NamedConfigs};
+use crate::state::NodeState;
+use gpuops_deviceplugin::Published;
+use gpuops_inventory::Inventory;
+use gpuops_resources::HostDevices;
+use gpuops_resources::config::{Config, Overrides};
+use gpuops_resources::health::HealthTracker;
+use k8s_openapi::api::core::v1::Node;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Where the device plugin config comes from: a file or named configs picked by a node label,
+/// NVIDIA's env vars over it, flags over those.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    pub file: Option<PathBuf>,
+    pub named: Option<NamedConfigs>,
+    pub flags: Overrides,
+    /// NVIDIA's env vars (MIG_STRATEGY, ...), read once by the binary.
+    pub env: Overrides,
+}
+
+impl ConfigSource {
+    /// The effective config for the named config `label` (when configs are named).
+    pub fn resolve(&self, label: Option<&str>) -> Result<Config, String> {
+        let parsed = match (&self.file, &self.named) {
+            (_, Some(configs)) => Some(
+                gpuops_resources::select_named(configs, label, None)
+                    .map_err(|e| e.to_string())?
+                    .config,
+            ),
+            (Some(path), None) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("reading device plugin config {}: {e}", path.display()))?;
+                let origin = path.display().to_string();
+                let parsed = Config::parse(&text, &origin).map_err(|e| e.to_string())?;
+                Some(crate::config_warnings::note(&origin, parsed))
+            }
+            (None, None) => None,
+        };
+        Config::effective(parsed, &self.env, &self.flags).map_err(|e| e.to_string())
+    }
+}
+
+/// What the device plugins advertise for an inventory; a model error advertises nothing (unless
+/// FAIL_ON_INIT_ERROR, then it is returned), so the agent keeps running.
+pub fn publish(
+    inv: &Inventory,
+    config: &Config,
+    health: &HealthTracker,
+    host: &Arc<HostDevices>,
+) -> Result<Published, gpuops_resources::ModelError> {
+    let resources = match gpuops_resources::resources(inv, config) {
+        Ok(mut r) => {
+            health.apply(&mut r);
+            r
+        }
+        Err(e) if config.fail_on_init_error() => return Err(e),
+        Err(e) => {
+            tracing::error!(error = %e, "device plugin: {e}; advertising nothing until this is fixed");
+            Vec::new()
+        }
+    };
+    Ok(Published {
+        resources,
+        config: config.clone(),
+        inventory: Arc::new(inv.clone()),
+        host: Arc::clone(host),
+    })
+}
+
+fn describe_resources(p: &Published) -> String {
+    let parts: Vec<String> = p
+        .resources
+        .iter()
+        .map(|r| format!("{} {}/{}", r.name, r.healthy_count(), r.devices.len()))
+        .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+struct Feed {
+    source: ConfigSource,
+    config: Config,
+    /// The modification time of the config file in use.
+    file_seen: Option<SystemTime>,
+    /// The named config in use (the node label's value).
+    label_in_use: Option<String>,
+    published: watch::Sender<Arc<Published>>,
+    configs: watch::Sender<Arc<Config>>,
+    host: Arc<HostDevices>,
+}
+
+/// Starts the feed; fails when the config cannot be resolved at start.
+#[allow(clippy::type_complexity)]
+pub(crate) fn spawn(
+    source: ConfigSource,
+    host: HostDevices,
+    mut state: watch::Receiver<Arc<NodeState>>,
+    mut busy: watch::Receiver<bool>,
+    mut node: watch::Receiver<Option<Arc<Node>>>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<
+    (
+        watch::Receiver<Arc<Config>>,
+        watch::Receiver<Arc<Published>>,
+        JoinHandle<()>,
+    ),
+    String,
+> {
+    let config = source.resolve(None)?;
+    let first = state.borrow_and_update().clone();
+    let host = Arc::new(host);
+    let initial =
+        publish(&first.inventory, &config, &first.health, &host).map_err(|e| e.to_string())?;
+    let (published, published_rx) = watch::channel(Arc::new(initial));
+    let (configs, configs_rx) = watch::channel(Arc::new(config.clone()));
+    let file_seen = source.file.as_ref().and_then(|f| modified(f));
+    let mut feed = Feed {
+        source,
+        config,
+        file_seen,
+        label_in_use: None,
+        published,
+        configs,
+        host,
+    };
+    let task = tokio::spawn(async move {
+        feed.republish(&first, *busy.borrow_and_update());
+        loop {
+            tokio::select! {
+                changed = state.changed() => if changed.is_err() { return },
+                changed = busy.changed() => if changed.is_err() { return },
+                changed = node.changed(), if feed.source.named.is_some() => {
+                    if changed.is_err() { return }
+                }
+                _ = stop.changed() => return,
+            }
+            let labels = node
+                .borrow_and_update()
+                .as_ref()
+                .map(|n| n.metadata.labels.clone().unwrap_or_default());
+            feed.reload(labels.as_ref().map(|l| l.get(LABEL).cloned()));
+            let now = state.borrow_and_update().clone();
+            feed.republish(&now, *busy.borrow_and_update());
+        }
+    });
+    Ok((configs_rx, published_rx, task))
+}
+
+fn modified(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+impl Feed {
+    /// Follows the node label (named configs) and the config file; a bad config is reported and
+    /// the last good one stays in use. `label` is `None` until the node was read.
+    fn reload(&mut self, label: Option<Option<String>>) {
+        if self.source.named.is_some()
+            && let Some(value) = label
+            && value != self.label_in_use
+        {
+            self.label_in_use = value.clone();
+            let shown = value.as_deref().unwrap_or("(none)");
+            match self.source.resolve(value.as_deref()) {
+                Ok(config) => {
+                    tracing::info!(
+                        label = LABEL,
+                        value = shown,
+                        "node label {LABEL}={shown}: device plugin config switched"
+                    );
+                    self.set(config);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "{e}; keeping the last good device plugin config")
+                }
+            }
+        }
+        let Some(path) = self.source.file.clone() else {
+            return;
+        };
+        let now = modified(&path);
+        if now == self.file_seen {
+            return;
+        }
+        self.file_seen = now;
+        match self.source.resolve(None) {
+            Ok(config) => {
+                tracing::info!(file = %path.display(), "device plugin config {} reloaded", path.display());
+                self.set(config);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "{e}; keeping the last good device plugin config")
+            }
+        }
+    }
+
+    fn set(&mut self, config: Config) {
+        self.config = config.clone();
+        self.configs.send_replace(Arc::new(config));
+    }
+
+    fn republish(&self, state: &NodeState, busy: bool) {
+        match publish(&state.inventory, &self.config, &state.health, &self.host) {
+            Ok(mut p) => {
+                if busy {
+                    // During a MIG change every resource stays registered with no devices, so
+                    // the kubelet's allocatable drops to zero at once.
+                    for r in &mut p.resources {
+                        r.devices.clear();
+                    }
+                }
+                if p.resources != self.published.borrow().resources {
+                    tracing::info!("device plugin resources: {}", describe_resources(&p));
+                    self.published.send_replace(Arc::new(p));
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "device plugin: {e}; keeping the last resources"),
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The node agent's runtime: one task per job joined by `watch` channels from one node state.
+//!
+//! ```text
+//!  snapshot loop (the only NVML caller, with a deadline) ──┐
+//!  XID thread (blocking NVML event wait) ──────────────────┤──> NodeState ──┬─> config + device plugin feed ─> plugin servers
+//!                                                          │                ├─> exporter (PodResources, render) ─> /metrics
+//!                                                          │                ├─> node reconciler (labels, condition, taint, annotation)
+//!  node watch (API server) ─> observed Node ───────────────┴────────────────┴─> MIG reconciler + executor (`gpuops mig` children)
+//! ```
+//!
+//! Nothing that waits on the network sits in the snapshot loop, so a hung API server or kubelet
+//! cannot delay XID handling, the device plugins' health, metrics or shutdown. The node reconciler
+//! compares what it wants with the Node it observes (watched, and as returned by every write), so
+//! whatever someone else removes, or a failed write left behind, is repaired at the next pass.
+
+mod changes;
+mod config_warnings;
+mod error;
+mod exporter;
+mod feed;
+mod mig;
+mod named;
+mod node;
+mod podresources;
+mod snapshot;
+mod state;
+mod xid;
+
+pub use changes::{Change, changes};
+pub use error::AgentError;
+pub use exporter::Served;
+pub use feed::{ConfigSource, publish};
+pub use mig::{FlowConfig, REASON_ANNOTATION, SINCE_ANNOTATION, STATE_LABEL};
+pub use named::{LABEL as DEVICE_PLUGIN_CONFIG_LABEL, NamedConfigs, load_dir};
+pub use node::{FEATURE_MANAGER, HEALTH_MANAGER, MIG_MANAGER, NodeOptions};
+pub use podresources::{MAX_MESSAGE_BYTES as POD_RESOURCES_MAX_MESSAGE_BYTES, list_pod_resources};
+pub use snapshot::open_first as open_nvml;
+pub use state::{NodeState, Probes, now_ms};
+pub use xid::describe_event;
+
+use gpuops_inventory::Inventory;
+use gpuops_metrics::{HostnameLabel, XidCounters};
+use gpuops_nvml::Gpus;
+use gpuops_resources::health::{HealthPolicy, HealthTracker};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Everything the agent does, as configured (the binary fills it from flags and env vars).
+pub struct AgentConfig {
+    pub node_name: String,
+    /// How often the GPUs are re-read (and metrics collected).
+    pub interval: Duration,
+    /// How long one NVML snapshot may take before the agent says the driver hangs (the call
+    /// cannot be cancelled; the loop keeps serving the last snapshot meanwhile).
+    pub snapshot_timeout: Duration,
+    pub health_policy: HealthPolicy,
+    /// Where the device plugin config comes from; resolved the same way whether or not this agent
+    /// serves the device plugin (labels need the MIG strategy either way).
+    pub config: ConfigSource,
+    /// The kubelet's device plugin directory; `None`: no device plugin.
+    pub plugin_dir: Option<PathBuf>,
+    /// The host's device nodes (`gpuops_deviceplugin::probe_host`), for Allocate's device specs.
+    pub host_devices: gpuops_resources::HostDevices,
+    pub metrics: Option<MetricsConfig>,
+    pub kube: Option<KubeConfig>,
+    /// Where to look for NVML while it is not loaded, in order.
+    pub nvml_libraries: Vec<gpuops_nvml::Library>,
+    /// The host's sysfs, for GPUs opened later.
+    pub sysfs_root: PathBuf,
+}
+
+/// The exporter.
+pub struct MetricsConfig {
+    pub hostname_label: HostnameLabel,
+    pub pod_socket: Option<PathBuf>,
+    /// The bound metrics socket (bound early, so a taken port fails the start).
+    pub listener: gpuops_serve::Listener,
+}
+
+/// The agent's Kubernetes side.
+pub struct KubeConfig {
+    pub client: gpuops_kube::ClientOptions,
+    /// What the node reconciler keeps on the Node; `None`: nothing is written.
+    pub node: Option<NodeOptions>,
+    pub mig: Option<FlowConfig>,
+    /// How often the node reconciler re-checks the Node even when nothing changed (and refreshes
+    /// the condition's heartbeat).
+    pub resync: Duration,
+}
+
+/// A configured agent on opened GPUs.
+pub struct Agent {
+    gpus: Option<Arc<Gpus>>,
+    first: Inventory,
+    config: AgentConfig,
+    probes: Probes,
+}
+
+/// How long shutdown waits for tasks to drain before it abandons them.
+const DRAIN: Duration = Duration::from_secs(1);
+
+impl Agent {
+    /// `first` is the snapshot the binary already printed. `gpus` is `None` when NVML could
+    /// not be loaded and FAIL_ON_INIT_ERROR is false: the agent then retries
+    /// [`AgentConfig::nvml_libraries`] with backoff.
+    pub fn new(gpus: Option<Gpus>, first: Inventory, config: AgentConfig) -> Agent {
+        Agent {
+            gpus: gpus.map(Arc::new),
+            first,
+            probes: Probes {
+                serve: gpuops_serve::Probes::new(),
+                last_loop_ms: Arc::new(std::sync::atomic::AtomicU64::new(now_ms())),
+                // A loop blocked in NVML past its timeout for a few rounds is not alive.
+                stale_after_ms: (config.interval * 3 + config.snapshot_timeout).as_millis() as u64,
+            },
+            config,
+        }
+    }
+
+    pub fn probes(&self) -> Probes {
+        self.probes.clone()
+    }
+
+    /// Runs every task until `shutdown` resolves, then drains them (bounded by [`DRAIN`]).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+        let Agent {
+            gpus,
+            first,
+            config,
+            probes,
+        } = self;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)> = Vec::new();
+        let first_state = NodeState {
+            inventory: Arc::new(first),
+            health: HealthTracker::default(),
+            xids: XidCounters::default(),
+            collection: Some(Instant::now()),
+            nvml_errors: 0,
+            nvml_loaded: gpus.is_some(),
+        };
+        let (state_tx, state_rx) = watch::channel(Arc::new(first_state));
+        let (node_tx, node_rx) = watch::channel(None);
+        let mig_flow = config.kube.as_ref().and_then(|k| k.mig.clone());
+        // With a MIG flow the plugin advertises nothing until its first decision.
+        let (busy_tx, busy_rx) = watch::channel(mig_flow.is_some());
+        let (mig_report_tx, mig_report_rx) = watch::channel(None);
+
+        let mut writer = None;
+        let mut resync = Duration::from_secs(300);
+        if let Some(k) = &config.kube {
+            let client = k.client.client().await?;
+            resync = k.resync;
+            let watch_client = client.clone();
+            let name = config.node_name.clone();
+            tasks.push((
+                "node watch",
+                tokio::spawn(gpuops_kube::watch_node(watch_client, name, node_tx)),
+            ));
+            writer = Some(gpuops_kube::NodeWriter::new(
+                client,
+                &config.node_name,
+                "gpuops-agent",
+                k.client.request_timeout,
+            ));
+        } else {
+            drop(node_tx);
+        }
+
+        let (config_rx, published_rx, feed_task) = feed::spawn(
+            config.config,
+            config.host_devices,
+            state_rx.clone(),
+            busy_rx.clone(),
+            node_rx.clone(),
+            stop_rx.clone(),
+        )
+        .map_err(AgentError::Config)?;
+        tasks.push(("config feed", feed_task));
+
+        if let Some(dir) = config.plugin_dir {
+            let (rx, stop) = (published_rx.clone(), stop_rx.clone());
+            tasks.push((
+                "device plugin",
+                tokio::spawn(async move {
+                    if let Err(e) = gpuops_deviceplugin::serve(dir, rx, stop).await {
+                        tracing::error!(error = %e, "device plugin stopped");
+                    }
+                }),
+            ));
+        }
+
+        if let Some(m) = config.metrics {
+            let (served, task) = exporter::spawn(
+                &config.node_name,
+                m.hostname_label,
+                m.pod_socket,
+                state_rx.clone(),
+                stop_rx.clone(),
+            );
+            tasks.push(("exporter", task));
+            tasks.push((
+                "metrics server",
+                tokio::spawn(exporter::serve(
+                    m.listener,
+                    served,
+                    probes.clone(),
+                    stop_rx.clone(),
+                )),
+            ));
+        }
+
+        if let (Some(w), Some(opts)) = (
+            writer.clone(),
+            config.kube.as_ref().and_then(|k| k.node.clone()),
+        ) {
+            tasks.push((
+                "node reconciler",
+                tokio::spawn(node::run(
+                    w,
+                    opts,
+                    resync,
+                    state_rx.clone(),
+                    config_rx.clone(),
+                    node_rx.clone(),
+                    mig_report_rx,
+                    stop_rx.clone(),
+                )),
+            ));
+        }
+        if let (Some(w), Some(cfg)) = (writer, mig_flow) {
+            tasks.push((
+                "MIG reconciler",
+                tokio::spawn(mig::run(
+                    cfg,
+                    w,
+                    node_rx.clone(),
+                    state_rx.clone(),
+                    busy_tx,
+                    mig_report_tx,
+                    stop_rx.clone(),
+                )),
+            ));
+        }
+
+        let (reports_tx, reports_rx) = tokio::sync::mpsc::channel(64);
+        let healthy = Arc::new(std::sync::Mutex::new(snapshot::healthy_indices(
+            &state_rx.borrow().inventory,
+        )));
+        let stop_xids = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tracing::info!(interval = ?config.interval, "re-reading the GPUs every {:?}", config.interval);
+        let xid_thread = snapshot::run(
+            snapshot::Loop {
+                gpus,
+                libraries: config.nvml_libraries,
+                sysfs_root: config.sysfs_root,
+                reports_tx,
+                stop_xids: Arc::clone(&stop_xids),
+                interval: config.interval,
+                timeout: config.snapshot_timeout,
+                policy: config.health_policy,
+                healthy,
+                live: Arc::clone(&probes.last_loop_ms),
+            },
+            state_tx,
+            busy_rx,
+            reports_rx,
+            shutdown,
+        )
+        .await;
+
+        tracing::info!("stopping");
+        probes.serve.set_ready(false);
+        stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = stop_tx.send(true);
+        let deadline = tokio::time::Instant::now() + DRAIN;
+        for (name, mut task) in tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                tracing::warn!(task = name, "did not stop in time; abandoned");
+                task.abort();
+            }
+        }
+        // The watcher wakes at least every 500 ms; joining it releases NVML cleanly.
+        if let Some(thread) = xid_thread {
+            let joined = tokio::task::spawn_blocking(move || thread.join());
+            let _ = tokio::time::timeout(Duration::from_secs(1), joined).await;
+        }
+        Ok(())
+    }
+}

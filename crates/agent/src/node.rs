@@ -1,0 +1,491 @@
+//! The node reconciler: keeps the agent's labels, the `GPUHealthy` condition, the health
+//! annotation, the unhealthy-GPU taint and the MIG state label on its Node.
+//!
+//! Level-triggered: every pass compares what the agent wants with the Node as observed (the
+//! watched object, or the one a write returned), never with what it believes it wrote, so a key
+//! someone removed or a write that failed is repaired at the next pass. Passes run when the state,
+//! the config, the MIG report or the observed Node change, and every resync; a failed pass is
+//! retried with jittered exponential backoff.
+
+use crate::mig::MigReport;
+use crate::state::NodeState;
+use backon::BackoffBuilder;
+use gpuops_kube::{KubeError, NodeWriter, TaintWanted, now_secs, rfc3339};
+use gpuops_labels::{GPU_HEALTH_ANNOTATION, HealthDecision, NodeCondition};
+use gpuops_resources::config::Config;
+use k8s_openapi::api::core::v1::Node;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Field manager of the GFD-compatible feature labels.
+pub const FEATURE_MANAGER: &str = "gpuops-agent-labels";
+/// Field manager of the MIG state label and annotations.
+pub const MIG_MANAGER: &str = "gpuops-agent-mig";
+/// Field manager of the `GPUHealthy` condition and the health annotation.
+pub const HEALTH_MANAGER: &str = "gpuops-agent-health";
+/// Changes whenever the labels are written; ignored when comparing.
+const TIMESTAMP_LABEL: &str = "nvidia.com/gfd.timestamp";
+
+/// What the agent keeps on its Node besides MIG state.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Write GFD-compatible feature labels.
+    pub feature_labels: bool,
+    /// Also write them as a Node Feature Discovery local feature file.
+    pub nfd_file: Option<std::path::PathBuf>,
+    /// The `GPUHealthy` condition's taint.
+    pub health: gpuops_labels::HealthPolicy,
+    /// DMI product name, for `nvidia.com/gpu.machine`.
+    pub machine_type: Option<String>,
+}
+
+/// The reconciler's loop; returns when `stop` turns true.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run(
+    writer: NodeWriter,
+    opts: NodeOptions,
+    resync: Duration,
+    mut state: watch::Receiver<Arc<NodeState>>,
+    mut config: watch::Receiver<Arc<Config>>,
+    mut node: watch::Receiver<Option<Arc<Node>>>,
+    mut mig: watch::Receiver<Option<MigReport>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut r = Reconciler {
+        writer,
+        opts,
+        resync,
+        observed: None,
+        labels_written: None,
+        heartbeat_at: None,
+    };
+    let backoff = || {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(500))
+            .with_max_delay(resync.min(Duration::from_secs(60)))
+            .with_jitter()
+            .without_max_times()
+            .build()
+    };
+    let mut delays = backoff();
+    let mut failing: Option<String> = None;
+    let mut retry_at: Option<Instant> = None;
+    let mut next_resync = Instant::now() + resync;
+    loop {
+        let wake = retry_at.unwrap_or(next_resync);
+        let woken_by_timer = tokio::select! {
+            _ = stop.changed() => return,
+            changed = state.changed() => { if changed.is_err() { return } false }
+            changed = config.changed() => { if changed.is_err() { return } false }
+            changed = mig.changed() => { if changed.is_err() { return } false }
+            changed = node.changed() => {
+                // No watch (the channel's sender is gone): keep going on writes' answers.
+                if changed.is_ok() {
+                    r.observed = node.borrow_and_update().clone();
+                }
+                false
+            }
+            () = tokio::time::sleep_until(wake) => true,
+        };
+        // While backing off only the timer retries: changes are picked up by that pass.
+        if retry_at.is_some_and(|t| Instant::now() < t) && !woken_by_timer {
+            continue;
+        }
+        if woken_by_timer && retry_at.is_none() {
+            next_resync = Instant::now() + resync;
+        }
+        let now_state = state.borrow_and_update().clone();
+        let now_config = config.borrow_and_update().clone();
+        let now_mig = mig.borrow_and_update().clone();
+        match r.reconcile(&now_state, &now_config, now_mig.as_ref()).await {
+            Ok(()) => {
+                if failing.take().is_some() {
+                    tracing::info!(
+                        node = r.writer.name(),
+                        "node {}: labels and condition written again",
+                        r.writer.name()
+                    );
+                }
+                retry_at = None;
+                delays = backoff();
+            }
+            Err(e) => {
+                let wait = delays.next().unwrap_or(resync);
+                let message = e.to_string();
+                // A lasting failure is logged once; the retries are not.
+                if failing.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(node = r.writer.name(), error = %e, kind = e.kind(), retry_in = ?wait, "{message}; retrying with backoff");
+                    failing = Some(message);
+                }
+                retry_at = Some(Instant::now() + wait);
+            }
+        }
+    }
+}
+
+struct Reconciler {
+    writer: NodeWriter,
+    opts: NodeOptions,
+    resync: Duration,
+    /// The Node as last observed (watched, or returned by a write).
+    observed: Option<Arc<Node>>,
+    /// The feature labels last applied (to drop keys no longer wanted).
+    labels_written: Option<BTreeMap<String, String>>,
+    /// When the condition's heartbeat was last written.
+    heartbeat_at: Option<Instant>,
+}
+
+impl Reconciler {
+    async fn observed(&mut self) -> Result<Arc<Node>, KubeError> {
+        match &self.observed {
+            Some(n) => Ok(Arc::clone(n)),
+            None => {
+                let n = Arc::new(self.writer.get().await?);
+                self.observed = Some(Arc::clone(&n));
+                Ok(n)
+            }
+        }
+    }
+
+    fn written(&mut self, node: Node) {
+        self.observed = Some(Arc::new(node));
+    }
+
+    async fn reconcile(
+        &mut self,
+        state: &NodeState,
+        config: &Config,
+        mig: Option<&MigReport>,
+    ) -> Result<(), KubeError> {
+        // A node whose driver cannot be loaded (a CPU node under a DaemonSet without a
+        // nodeSelector) is not a GPU node: nothing to say about it.
+        if !state.nvml_loaded {
+            return Ok(());
+        }
+        let inv = &state.inventory;
+        if self.opts.feature_labels {
+            let ctx = gpuops_labels::LabelContext {
+                machine_type: self.opts.machine_type.clone(),
+                ..gpuops_labels::LabelContext::default()
+            };
+            match gpuops_labels::gfd_labels(inv, config, &ctx) {
+                Ok(mut desired) => {
+                    desired.insert("nvidia.com/gpu.present".into(), "true".into());
+                    let node = self.observed().await?;
+                    if labels_need_write(&desired, self.labels_written.as_ref(), &node) {
+                        let mut with_time = desired.clone();
+                        with_time.insert(TIMESTAMP_LABEL.into(), now_secs().to_string());
+                        let written = self
+                            .writer
+                            .apply_metadata(FEATURE_MANAGER, &with_time, &BTreeMap::new())
+                            .await?;
+                        self.written(written);
+                        if let Some(path) = &self.opts.nfd_file
+                            && let Err(e) =
+                                gpuops_atomicfile::write(path, gpuops_labels::nfd_feature_file(&with_time))
+                        {
+                            tracing::error!(file = %path.display(), error = %e, "writing the NFD feature file: {e}");
+                        }
+                        tracing::info!(
+                            node = self.writer.name(),
+                            labels = with_time.len(),
+                            "node {}: {} feature labels written",
+                            self.writer.name(),
+                            with_time.len()
+                        );
+                        self.labels_written = Some(desired);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "computing the node's feature labels: {e}");
+                }
+            }
+        }
+
+        let decision = gpuops_labels::gpu_health(
+            inv,
+            &unhealthy_devices(inv, &state.health),
+            &self.opts.health,
+        );
+        let node = self.observed().await?;
+        let annotation = decision.report.to_annotation();
+        if annotation_of(&node, GPU_HEALTH_ANNOTATION) != Some(annotation.as_str()) {
+            let annotations = BTreeMap::from([(GPU_HEALTH_ANNOTATION.to_string(), annotation)]);
+            let written = self
+                .writer
+                .apply_metadata(HEALTH_MANAGER, &BTreeMap::new(), &annotations)
+                .await?;
+            self.written(written);
+        }
+        let node = self.observed().await?;
+        let heartbeat_due = self.heartbeat_at.is_none_or(|t| t.elapsed() >= self.resync);
+        if let Some(condition) = condition_to_write(
+            &decision.condition,
+            observed_condition(&node, &decision.condition.type_),
+            heartbeat_due,
+            &rfc3339(now_secs()),
+        ) {
+            let changed = observed_condition(&node, &decision.condition.type_).is_none_or(|c| {
+                c.status != decision.condition.status.as_str()
+                    || c.reason.as_deref() != Some(decision.condition.reason.as_str())
+            });
+            let written = self
+                .writer
+                .apply_condition(HEALTH_MANAGER, condition)
+                .await?;
+            self.written(written);
+            self.heartbeat_at = Some(Instant::now());
+            if changed {
+                tracing::info!(
+                    node = self.writer.name(),
+                    condition = %decision.condition.type_,
+                    status = decision.condition.status.as_str(),
+                    reason = %decision.condition.reason,
+                    "node {}: condition {}={} ({})",
+                    self.writer.name(),
+                    decision.condition.type_,
+                    decision.condition.status.as_str(),
+                    decision.condition.reason
+                );
+            }
+        }
+        if self.opts.health.taint_enabled {
+            let wanted = wanted_taint(&decision);
+            let node = self.observed().await?;
+            let written = self
+                .writer
+                .set_taint(
+                    &self.opts.health.taint_key,
+                    wanted.as_ref(),
+                    Some((*node).clone()),
+                )
+                .await?;
+            self.written(written);
+        }
+        if let Some(report) = mig {
+            let node = self.observed().await?;
+            if !metadata_agrees(&node, &report.labels, &report.annotations) {
+                let written = self
+                    .writer
+                    .apply_metadata(MIG_MANAGER, &report.labels, &report.annotations)
+                    .await?;
+                self.written(written);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn wanted_taint(decision: &HealthDecision) -> Option<TaintWanted> {
+    decision.taint.as_ref().map(|t| TaintWanted {
+        key: t.key.clone(),
+        value: t.value.clone(),
+        effect: t.effect.clone(),
+    })
+}
+
+fn annotation_of<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// Whether the feature labels must be applied: a wanted label is missing or different on the
+/// node, or a label applied before is no longer wanted (server-side apply then removes it).
+fn labels_need_write(
+    desired: &BTreeMap<String, String>,
+    written: Option<&BTreeMap<String, String>>,
+    node: &Node,
+) -> bool {
+    let empty = BTreeMap::new();
+    let on_node = node.metadata.labels.as_ref().unwrap_or(&empty);
+    let missing = desired.iter().any(|(k, v)| on_node.get(k) != Some(v))
+        || !on_node.contains_key(TIMESTAMP_LABEL);
+    let dropped = written.is_none_or(|w| w.keys().any(|k| !desired.contains_key(k)));
+    missing || dropped
+}
+
+/// Whether `labels` and `annotations` are on the node as wanted.
+fn metadata_agrees(
+    node: &Node,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> bool {
+    let has = |map: &Option<BTreeMap<String, String>>, wanted: &BTreeMap<String, String>| {
+        wanted
+            .iter()
+            .all(|(k, v)| map.as_ref().and_then(|m| m.get(k)) == Some(v))
+    };
+    has(&node.metadata.labels, labels) && has(&node.metadata.annotations, annotations)
+}
+
+fn observed_condition<'a>(
+    node: &'a Node,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::NodeCondition> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_))
+}
+
+/// The condition to apply, or `None` when the node already has it and no heartbeat is due.
+/// `lastTransitionTime` is kept from the observed condition while the status is unchanged (also
+/// across agent restarts); the heartbeat is `now`.
+fn condition_to_write(
+    desired: &NodeCondition,
+    observed: Option<&k8s_openapi::api::core::v1::NodeCondition>,
+    heartbeat_due: bool,
+    now: &str,
+) -> Option<serde_json::Value> {
+    let same_status = observed.is_some_and(|o| o.status == desired.status.as_str());
+    let same = same_status
+        && observed.is_some_and(|o| {
+            o.reason.as_deref() == Some(desired.reason.as_str())
+                && o.message.as_deref() == Some(desired.message.as_str())
+        });
+    if same && !heartbeat_due {
+        return None;
+    }
+    let transition = observed
+        .filter(|_| same_status)
+        .and_then(|o| o.last_transition_time.as_ref())
+        .and_then(|t| serde_json::to_value(t).ok())
+        .unwrap_or_else(|| json!(now));
+    Some(json!({
+        "type": desired.type_,
+        "status": desired.status.as_str(),
+        "reason": desired.reason,
+        "message": desired.message,
+        "lastTransitionTime": transition,
+        "lastHeartbeatTime": now,
+    }))
+}
+
+/// The health tracker's recent XIDs as the labels crate wants them.
+fn unhealthy_devices(
+    inv: &gpuops_inventory::Inventory,
+    health: &gpuops_resources::health::HealthTracker,
+) -> Vec<gpuops_labels::UnhealthyDevice> {
+    health
+        .hits()
+        .into_iter()
+        .map(|(gpu, gi, ci, xid)| {
+            let parent = inv.gpus.iter().find(|g| g.index == gpu);
+            let uuid = match (parent, gi) {
+                (Some(g), Some(gi)) => g
+                    .mig_devices
+                    .iter()
+                    .find(|m| m.gi_id == gi && ci.is_none_or(|c| c == m.ci_id))
+                    .map(|m| m.uuid.clone())
+                    .unwrap_or_else(|| g.uuid.clone()),
+                (Some(g), None) => g.uuid.clone(),
+                (None, _) => String::new(),
+            };
+            gpuops_labels::UnhealthyDevice {
+                uuid,
+                gpu_index: Some(gpu),
+                cause: gpuops_labels::UnhealthyCause::Xid(xid),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuops_labels::ConditionStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn node_with_labels(labels: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn labels_are_written_when_one_is_missing_on_the_node_or_no_longer_wanted() {
+        let desired: BTreeMap<String, String> = [("nvidia.com/gpu.count", "8")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let in_place = node_with_labels(&[("nvidia.com/gpu.count", "8"), (TIMESTAMP_LABEL, "1")]);
+        assert!(!labels_need_write(&desired, Some(&desired), &in_place));
+        // Someone removed it: the agent's memory says written, the node says otherwise.
+        let removed = node_with_labels(&[(TIMESTAMP_LABEL, "1")]);
+        assert!(labels_need_write(&desired, Some(&desired), &removed));
+        let changed = node_with_labels(&[("nvidia.com/gpu.count", "7"), (TIMESTAMP_LABEL, "1")]);
+        assert!(labels_need_write(&desired, Some(&desired), &changed));
+        let mut before = desired.clone();
+        before.insert("nvidia.com/mig.strategy".into(), "mixed".into());
+        assert!(labels_need_write(&desired, Some(&before), &in_place));
+        // After a restart the agent does not know what it applied: apply once.
+        assert!(labels_need_write(&desired, None, &in_place));
+    }
+
+    fn desired(status: ConditionStatus, reason: &str) -> NodeCondition {
+        NodeCondition {
+            type_: "GPUHealthy".into(),
+            status,
+            reason: reason.into(),
+            message: "8 GPUs healthy".into(),
+        }
+    }
+
+    fn observed(
+        status: &str,
+        reason: &str,
+        since: &str,
+    ) -> k8s_openapi::api::core::v1::NodeCondition {
+        serde_json::from_value(json!({
+            "type": "GPUHealthy", "status": status, "reason": reason, "message": "8 GPUs healthy",
+            "lastTransitionTime": since, "lastHeartbeatTime": since,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_transition_time_survives_while_the_status_holds_and_the_heartbeat_moves() {
+        let now = "2026-12-01T10:00:00Z";
+        let before = observed("True", "AllGPUsHealthy", "2026-11-30T08:00:00Z");
+        let want = desired(ConditionStatus::True, "AllGPUsHealthy");
+        assert!(condition_to_write(&want, Some(&before), false, now).is_none());
+        let beat = condition_to_write(&want, Some(&before), true, now).unwrap();
+        assert_eq!(beat["lastTransitionTime"], "2026-11-30T08:00:00Z");
+        assert_eq!(beat["lastHeartbeatTime"], now);
+        let bad = desired(ConditionStatus::False, "XidError");
+        let flipped = condition_to_write(&bad, Some(&before), false, now).unwrap();
+        assert_eq!(flipped["lastTransitionTime"], now);
+        assert_eq!(flipped["status"], "False");
+        let fresh = condition_to_write(&want, None, false, now).unwrap();
+        assert_eq!(fresh["lastTransitionTime"], now);
+    }
+
+    #[test]
+    fn mig_metadata_agrees_only_when_every_key_matches() {
+        let mut node = node_with_labels(&[("nvidia.com/mig.config.state", "pending")]);
+        let labels = BTreeMap::from([(
+            "nvidia.com/mig.config.state".to_string(),
+            "success".to_string(),
+        )]);
+        let annotations = BTreeMap::new();
+        assert!(!metadata_agrees(&node, &labels, &annotations));
+        node.metadata.labels = Some(labels.clone());
+        assert!(metadata_agrees(&node, &labels, &annotations));
+    }
+}

@@ -1,0 +1,159 @@
+//! The plugin servers as the kubelet sees them: a kubelet that refuses every registration (the
+//! supervisor backs off instead of retrying every tick) and Allocate's device specs.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use gpuops_kubelet_api::deviceplugin::v1beta1::registration_server::{
+    Registration, RegistrationServer,
+};
+use gpuops_kubelet_api::deviceplugin::v1beta1::{Empty, RegisterRequest};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Records when each Register call came and refuses it, as a kubelet does for a bad name.
+struct Refusing {
+    calls: Arc<Mutex<Vec<Instant>>>,
+}
+
+#[tonic::async_trait]
+impl Registration for Refusing {
+    async fn register(
+        &self,
+        _: tonic::Request<RegisterRequest>,
+    ) -> Result<tonic::Response<Empty>, tonic::Status> {
+        self.calls.lock().unwrap().push(Instant::now());
+        Err(tonic::Status::invalid_argument(
+            "cannot register with kubelet: resource name is not valid",
+        ))
+    }
+}
+
+fn one_gpu() -> gpuops_deviceplugin::Published {
+    let inventory = gpuops_inventory::Inventory {
+        gpus: vec![gpuops_inventory::Gpu {
+            index: 0,
+            uuid: "GPU-0".into(),
+            minor_number: Some(0),
+            ..gpuops_inventory::Gpu::default()
+        }],
+        ..gpuops_inventory::Inventory::default()
+    };
+    let config = gpuops_resources::config::Config::default();
+    gpuops_deviceplugin::Published {
+        resources: gpuops_resources::resources(&inventory, &config).unwrap(),
+        config,
+        inventory: Arc::new(inventory),
+        host: Arc::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_is_retried_with_growing_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let listener = tokio::net::UnixListener::bind(dir.path().join("kubelet.sock")).unwrap();
+    let kubelet = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(Refusing {
+                calls: Arc::clone(&calls),
+            }))
+            .serve_with_incoming(gpuops_kubelet_api::unix::incoming(listener)),
+    );
+    let (_feed_tx, feed) = watch::channel(Arc::new(one_gpu()));
+    let (stop_tx, stop) = watch::channel(false);
+    let plugin = tokio::spawn(gpuops_deviceplugin::serve(
+        dir.path().to_path_buf(),
+        feed,
+        stop,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while calls.lock().unwrap().len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} registrations",
+            calls.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let at = calls.lock().unwrap().clone();
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    // Every tick (500 ms) before; now 500 ms, 1 s, 2 s...
+    assert!(
+        gaps[2] > gaps[0] + Duration::from_millis(700),
+        "waits do not grow: {gaps:?}"
+    );
+    stop_tx.send(true).unwrap();
+    plugin.await.unwrap().unwrap();
+    kubelet.abort();
+}
+
+/// Serves the plugin without a kubelet and calls Allocate on its socket.
+async fn allocate_on(published: gpuops_deviceplugin::Published) -> Vec<String> {
+    use gpuops_kubelet_api::deviceplugin::v1beta1::{
+        AllocateRequest, ContainerAllocateRequest, device_plugin_client::DevicePluginClient,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join(&published.resources[0].socket_name);
+    let ids = vec![published.resources[0].devices[0].id.clone()];
+    let (_feed_tx, feed) = watch::channel(Arc::new(published));
+    let (stop_tx, stop) = watch::channel(false);
+    let plugin = tokio::spawn(gpuops_deviceplugin::serve(
+        dir.path().to_path_buf(),
+        feed,
+        stop,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let channel = loop {
+        match gpuops_kubelet_api::unix::connect(&socket).await {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "no plugin socket: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let response = DevicePluginClient::new(channel)
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest { devices_ids: ids }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    stop_tx.send(true).unwrap();
+    plugin.await.unwrap().unwrap();
+    response.container_responses[0]
+        .devices
+        .iter()
+        .map(|d| d.host_path.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_passes_only_the_device_nodes_the_host_has() {
+    let mut flags = gpuops_resources::config::Overrides::default();
+    flags.set("PASS_DEVICE_SPECS", "true").unwrap();
+    let config = gpuops_resources::config::Config::effective(
+        None,
+        &gpuops_resources::config::Overrides::default(),
+        &flags,
+    )
+    .unwrap();
+    let mut published = one_gpu();
+    published.resources = gpuops_resources::resources(&published.inventory, &config).unwrap();
+    published.config = config;
+    // A host without the UVM and modeset nodes (no nvidia-uvm module loaded).
+    published.host = Arc::new(gpuops_resources::HostDevices {
+        nvidiactl: true,
+        nvidia_uvm: false,
+        nvidia_uvm_tools: false,
+        nvidia_modeset: false,
+        mig_minors: None,
+    });
+    let paths = allocate_on(published).await;
+    assert!(paths.iter().any(|p| p == "/dev/nvidiactl"), "{paths:?}");
+    assert!(paths.iter().any(|p| p == "/dev/nvidia0"), "{paths:?}");
+    assert!(
+        paths
+            .iter()
+            .all(|p| !p.contains("uvm") && !p.contains("modeset")),
+        "passed device nodes the host does not have: {paths:?}"
+    );
+}
