@@ -3,6 +3,7 @@
 use crate::gpu_source::{self, GpuArgs};
 use anyhow::Result;
 use clap::Subcommand;
+use gpuops_resources::HostDevices;
 use gpuops_resources::cdi::{self, CdiSpec};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
