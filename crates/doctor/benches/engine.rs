@@ -1,11 +1,13 @@
-//! `cargo bench -p gpuops-doctor --bench engine`: the doctor's rules over 1,000 nodes and 20,000
-//! pods held in memory (what one list per kind gives on a big cluster).
+//! `cargo bench -p gpuops-doctor --bench engine`: reading and diagnosing 5,000 nodes and 100,000
+//! pods (issue 19's scale target: under 3 s and under 1 GiB).
 //!
-//! 900 whole-GPU nodes (8 x H100 each, a tenth tainted), 100 MIG nodes; 12,000 CPU pods, 6,000
-//! running GPU pods, 2,000 pending GPU pods of mixed shapes with their FailedScheduling events,
-//! 20,000 events in all, and 7,200 utilization samples. Prints the time of `diagnose` (median
-//! of 5), the findings, and the process's resident memory before and after (peak from VmHWM).
-//! Target: under 3 s.
+//! Per 1,000 nodes (`GPUOPS_BENCH_SCALE`, default 5): 900 whole-GPU nodes (8 x H100 each, a tenth
+//! tainted), 100 MIG nodes; 12,000 CPU pods, 6,000 running GPU pods, 2,000 pending GPU pods of
+//! mixed shapes with their FailedScheduling events; 20,000 events and 7,200 utilization samples.
+//! The objects are serialized as the API server's list pages (500 items, JSON); the benchmark
+//! times decoding those pages (what the doctor does with a list answer) and `diagnose` (median of
+//! 3), and prints the peak resident memory of that phase (VmHWM, reset through clear_refs once
+//! the pages are built).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // benchmark harness
 
 use gpuops_doctor::{Options, Sample, Snapshot, diagnose};
@@ -177,22 +179,22 @@ fn event(i: usize, pod: Option<&str>, now: Timestamp) -> Event {
     }
 }
 
-fn build(now: Timestamp) -> Snapshot {
-    let nodes: Vec<Node> = (0..1000).map(|i| node(i, now)).collect();
-    let mut pods = Vec::with_capacity(20_000);
-    for i in 0..12_000 {
+fn build(now: Timestamp, scale: usize) -> Snapshot {
+    let nodes: Vec<Node> = (0..1000 * scale).map(|i| node(i, now)).collect();
+    let mut pods = Vec::with_capacity(20_000 * scale);
+    for i in 0..12_000 * scale {
         pods.push(pod(
             format!("cpu-{i}"),
             None,
-            Some(format!("node-{}", i % 1000)),
+            Some(format!("node-{}", i % (1000 * scale))),
             now,
             false,
         ));
     }
-    // 6,000 running GPU pods: 6 or 7 whole GPUs' worth per whole-GPU node, MIG slices on the rest.
-    for i in 0..6_000 {
-        let n = i % 1000;
-        let r = if n >= 900 {
+    // 6 running GPU pods per node: whole GPUs on whole-GPU nodes, MIG slices on the rest.
+    for i in 0..6_000 * scale {
+        let n = i % (1000 * scale);
+        let r = if n % 1000 >= 900 {
             ("nvidia.com/mig-1g.10gb", 1)
         } else {
             ("nvidia.com/gpu", 1)
@@ -213,7 +215,7 @@ fn build(now: Timestamp) -> Snapshot {
         ("nvidia.com/mig-3g.40gb", 1),
         ("nvidia.com/gpu", 2),
     ];
-    for i in 0..2_000 {
+    for i in 0..2_000 * scale {
         let name = format!("pending-{i}");
         events.push(event(i, Some(&name), now));
         pods.push(pod(
@@ -224,10 +226,10 @@ fn build(now: Timestamp) -> Snapshot {
             i.is_multiple_of(2),
         ));
     }
-    for i in events.len()..20_000 {
+    for i in events.len()..20_000 * scale {
         events.push(event(i, None, now));
     }
-    let metrics: Vec<Sample> = (0..7_200)
+    let metrics: Vec<Sample> = (0..7_200 * scale)
         .map(|i: usize| Sample {
             name: "DCGM_FI_DEV_GPU_UTIL".into(),
             labels: [
@@ -248,20 +250,80 @@ fn build(now: Timestamp) -> Snapshot {
         metrics,
         utilization_window: Some(std::time::Duration::from_secs(3600)),
         logs: Vec::new(),
+        quotas: Vec::new(),
+        all_pods: true,
         now,
     }
 }
 
+/// The items as the API server's list pages of 500.
+fn pages<T: serde::Serialize>(kind: &str, items: &[T]) -> Vec<Vec<u8>> {
+    items
+        .chunks(500)
+        .map(|chunk| {
+            serde_json::to_vec(&serde_json::json!({
+                "apiVersion": "v1",
+                "kind": format!("{kind}List"),
+                "metadata": {"resourceVersion": "1", "continue": "x"},
+                "items": chunk,
+            }))
+            .unwrap()
+        })
+        .collect()
+}
+
+#[derive(serde::Deserialize)]
+struct List<T> {
+    items: Vec<T>,
+}
+
+/// Decodes and drops each page in turn, as a paged list read does.
+fn decode<T: serde::de::DeserializeOwned>(pages: Vec<Vec<u8>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for page in pages {
+        let list: List<T> = serde_json::from_slice(&page).unwrap();
+        out.extend(list.items);
+    }
+    out
+}
+
 fn main() {
+    let scale: usize = std::env::var("GPUOPS_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
     let now: Timestamp = "2026-11-20T12:00:00Z".parse().unwrap();
-    let before = rss_kib("VmRSS:");
     let t = Instant::now();
-    let snapshot = build(now);
-    let built = t.elapsed();
-    let with_snapshot = rss_kib("VmRSS:");
+    let built = build(now, scale);
+    let (n_nodes, n_pods, n_events) = (built.nodes.len(), built.pods.len(), built.events.len());
+    let node_pages = pages("Node", &built.nodes);
+    let pod_pages = pages("Pod", &built.pods);
+    let event_pages = pages("Event", &built.events);
+    let json_mib = [&node_pages, &pod_pages, &event_pages]
+        .iter()
+        .flat_map(|p| p.iter())
+        .map(Vec::len)
+        .sum::<usize>()
+        / (1 << 20);
+    let metrics = built.metrics.clone();
+    drop(built);
+    let prepared = t.elapsed();
+    // Peak RSS from here on: the read and the diagnosis, not the fixture building.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let before = rss_kib("VmRSS:");
     let mut times = Vec::new();
+    let t = Instant::now();
+    let snapshot = Snapshot {
+        nodes: decode(node_pages),
+        pods: decode(pod_pages),
+        events: decode(event_pages),
+        metrics,
+        utilization_window: Some(std::time::Duration::from_secs(3600)),
+        ..Snapshot::at(now)
+    };
+    let read = t.elapsed();
     let mut findings = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..3 {
         let t = Instant::now();
         findings = diagnose(std::hint::black_box(&snapshot), &Options::default());
         times.push(t.elapsed());
@@ -273,28 +335,22 @@ fn main() {
         *by_code.entry(f.code).or_default() += 1;
     }
     println!(
-        "doctor engine: {} nodes, {} pods, {} events, {} samples (built in {:.0} ms)",
-        snapshot.nodes.len(),
-        snapshot.pods.len(),
-        snapshot.events.len(),
+        "doctor: {n_nodes} nodes, {n_pods} pods, {n_events} events, {} samples ({json_mib} MiB of list JSON, prepared in {:.0} ms)",
         snapshot.metrics.len(),
-        built.as_secs_f64() * 1000.0
+        prepared.as_secs_f64() * 1000.0
     );
     println!(
-        "diagnose: median {:.0} ms, min {:.0} ms, max {:.0} ms (target < 3000 ms)",
-        times[2].as_secs_f64() * 1000.0,
+        "decode the list pages: {:.0} ms; diagnose: median {:.0} ms (min {:.0}, max {:.0}); read + diagnose {:.0} ms (target < 3000 ms)",
+        read.as_secs_f64() * 1000.0,
+        times[1].as_secs_f64() * 1000.0,
         times[0].as_secs_f64() * 1000.0,
-        times[4].as_secs_f64() * 1000.0
+        times[2].as_secs_f64() * 1000.0,
+        (read + times[1]).as_secs_f64() * 1000.0
     );
     println!("findings: {c} critical, {w} warning, {i} info: {by_code:?}");
     println!(
-        "memory: RSS {} MiB before, {} MiB with the snapshot, peak {} MiB",
+        "memory: RSS {} MiB with the JSON pages, peak {} MiB while decoding and diagnosing (target < 1024 MiB; the undecoded pages count in it)",
         before / 1024,
-        with_snapshot / 1024,
         rss_kib("VmHWM:") / 1024
     );
-    if times[2].as_secs_f64() > 3.0 {
-        eprintln!("SLOW: over the 3 s target");
-        std::process::exit(1);
-    }
 }

@@ -48,6 +48,8 @@ pub struct NodeView<'a> {
     /// CPU and memory requested by every active pod bound here (GPU or not).
     pub cpu_requested: f64,
     pub memory_requested: f64,
+    /// Active pods here no controller recreates (kubectl drain refuses them without --force).
+    pub bare_pods: Vec<&'a str>,
 }
 
 /// The taints the node lifecycle controller puts on a node whose kubelet stopped reporting.
@@ -146,6 +148,36 @@ impl NodeView<'_> {
             return Some("GPU unhealthy (taint gpuops.io/gpu-unhealthy)".to_string());
         }
         None
+    }
+
+    /// `kubectl drain` for this node: with `--force` when pods no controller recreates are on it
+    /// (drain refuses them otherwise; they are deleted for good).
+    pub fn drain(&self) -> String {
+        let force = if self.bare_pods.is_empty() {
+            ""
+        } else {
+            " --force"
+        };
+        format!(
+            "kubectl drain {} --ignore-daemonsets --delete-emptydir-data{force}",
+            self.name
+        )
+    }
+
+    /// What [`NodeView::drain`]'s `--force` costs, for the fix text ("" when none).
+    pub fn drain_note(&self) -> String {
+        if self.bare_pods.is_empty() {
+            return String::new();
+        }
+        format!(
+            " (--force because {} not recreated by any controller: save {} first)",
+            list_some(self.bare_pods.iter(), 4),
+            if self.bare_pods.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            }
+        )
     }
 
     /// CPU and memory the node has left for a pod: (cores, bytes); `None` when unknown.
@@ -284,6 +316,7 @@ impl<'a> Cluster<'a> {
                     memory_allocatable: quantity("memory"),
                     cpu_requested: 0.0,
                     memory_requested: 0.0,
+                    bare_pods: Vec::new(),
                 }
             })
             .collect();
@@ -318,6 +351,22 @@ impl<'a> Cluster<'a> {
                     nodes[i].memory_requested += memory;
                     if is_agent(pod) {
                         nodes[i].agents.push(pod);
+                    }
+                    let controlled = pod
+                        .metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.controller == Some(true));
+                    let mirror = pod
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+                    if !controlled && !mirror {
+                        nodes[i]
+                            .bare_pods
+                            .push(pod.metadata.name.as_deref().unwrap_or(""));
                     }
                 }
             }

@@ -106,8 +106,9 @@ fn not_ready(c: &Cluster<'_>, n: &NodeView<'_>) -> Option<Finding> {
             "the taints lift by themselves when the kubelet reports again (do not remove them or \
              tolerate them): check the node (kubectl describe node {0}: conditions and last heartbeat); \
              on it: systemctl status kubelet, journalctl -u kubelet, the container runtime, its network \
-             to the API server; a node that stays down: kubectl drain {0} --ignore-daemonsets and replace it",
-            n.name
+             to the API server; a node that stays down: {1} and replace it",
+            n.name,
+            n.drain()
         ))
         .command(format!("kubectl describe node {}", n.name)),
     )
@@ -236,18 +237,27 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
                 Severity::Critical,
                 Category::Node,
                 "driver-below-model-minimum",
-                format!("Node {}: driver {full} is older than {} needs", n.name, m.key),
+                format!(
+                    "Node {}: driver {full} is older than {} needs",
+                    n.name, m.key
+                ),
             )
             .object(ObjectRef::node(n.name))
-            .evidence(format!("{from}={}; {} needs driver R{} or newer", n.label(from).unwrap_or(""), m.key, m.min_driver_major))
+            .evidence(format!(
+                "{from}={}; {} needs driver R{} or newer",
+                n.label(from).unwrap_or(""),
+                m.key,
+                m.min_driver_major
+            ))
             .evidence(format!("driver {full}"))
             .fix(format!(
-                "upgrade the NVIDIA driver on {} to R{} or newer (drain first: kubectl drain {} --ignore-daemonsets)",
+                "upgrade the NVIDIA driver on {} to R{} or newer (drain first: {}{})",
                 n.name,
                 m.min_driver_major.max(o.min_driver_major),
-                n.name
+                n.drain(),
+                n.drain_note()
             ))
-            .command(format!("kubectl drain {} --ignore-daemonsets", n.name)),
+            .command(n.drain()),
         );
     }
     (major < o.min_driver_major).then(|| {
@@ -261,10 +271,10 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
         .evidence(format!("{from}={}", n.label(from).unwrap_or("")))
         .evidence(format!("driver {full}"))
         .fix(format!(
-            "upgrade to a supported branch (R{} or newer): kubectl drain {} --ignore-daemonsets, install the driver, reboot, kubectl uncordon {}",
-            o.min_driver_major, n.name, n.name
+            "upgrade to a supported branch (R{} or newer): {}{}, install the driver, reboot, kubectl uncordon {}",
+            o.min_driver_major, n.drain(), n.drain_note(), n.name
         ))
-        .command(format!("kubectl drain {} --ignore-daemonsets", n.name))
+        .command(n.drain())
         .command(format!("kubectl uncordon {}", n.name))
     })
 }
