@@ -50,6 +50,8 @@ pub struct NodeView<'a> {
     pub memory_requested: f64,
     /// Active pods here no controller recreates (kubectl drain refuses them without --force).
     pub bare_pods: Vec<&'a str>,
+    /// Why the node's GPUs cannot take pods now (see [`NodeView::unavailable`]), computed once.
+    down: Option<String>,
 }
 
 /// The taints the node lifecycle controller puts on a node whose kubelet stopped reporting.
@@ -95,7 +97,11 @@ impl NodeView<'_> {
 
     /// Why the node's GPUs cannot take pods now, when they cannot: NotReady, no device plugin,
     /// every device unhealthy, the GPU-unhealthy taint, or a MIG change failed or under way.
-    pub fn unavailable(&self, now: Timestamp) -> Option<String> {
+    pub fn unavailable(&self) -> Option<&str> {
+        self.down.as_deref()
+    }
+
+    fn compute_unavailable(&self, now: Timestamp) -> Option<String> {
         if let Some(c) = self.not_ready() {
             let since = c
                 .last_transition_time
@@ -317,9 +323,13 @@ impl<'a> Cluster<'a> {
                     cpu_requested: 0.0,
                     memory_requested: 0.0,
                     bare_pods: Vec::new(),
+                    down: None,
                 }
             })
             .collect();
+        for n in &mut nodes {
+            n.down = n.compute_unavailable(snapshot.now);
+        }
         let node_index: HashMap<&str, usize> =
             nodes.iter().enumerate().map(|(i, n)| (n.name, i)).collect();
 

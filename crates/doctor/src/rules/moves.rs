@@ -28,9 +28,12 @@ pub(crate) struct Plan {
 /// Free GPUs per node and resource after the moves planned so far.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
-    free: HashMap<(usize, String), i64>,
+    /// node -> resource -> free, where a plan changed it.
+    free: HashMap<usize, HashMap<String, i64>>,
     /// Pods already planned to move (not moved twice).
-    moved: Vec<usize>,
+    moved: std::collections::HashSet<usize>,
+    /// Per resource: the GPU nodes that are up and offer it (where a moved pod may go).
+    hosts: HashMap<String, Vec<usize>>,
 }
 
 impl Ledger {
@@ -40,14 +43,18 @@ impl Ledger {
 
     fn free(&self, c: &Cluster<'_>, node: usize, r: &str) -> i64 {
         self.free
-            .get(&(node, r.to_string()))
+            .get(&node)
+            .and_then(|m| m.get(r))
             .copied()
             .unwrap_or_else(|| c.nodes[node].free(r))
     }
 
     fn add(&mut self, c: &Cluster<'_>, node: usize, r: &str, delta: i64) {
         let now = self.free(c, node, r);
-        self.free.insert((node, r.to_string()), now + delta);
+        self.free
+            .entry(node)
+            .or_default()
+            .insert(r.to_string(), now + delta);
     }
 
     /// The fewest moves that free `need` of `r` on one of `candidates` for `pod`, committed to
@@ -76,18 +83,21 @@ impl Ledger {
             .map(|i| (need - self.free(c, i, r), i))
             .collect();
         targets.sort_unstable();
-        // Nodes that can take a moved pod at all, found once.
-        let hosts: Vec<usize> = c
-            .nodes
+        // Nodes that can take a moved pod at all, found once per resource.
+        if !self.hosts.contains_key(r) {
+            let list: Vec<usize> = c
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| n.is_gpu && n.offers(r) && n.unavailable().is_none())
+                .map(|(i, _)| i)
+                .collect();
+            self.hosts.insert(r.to_string(), list);
+        }
+        let hosts: Vec<usize> = self.hosts[r]
             .iter()
-            .enumerate()
-            .filter(|(i, n)| {
-                n.is_gpu
-                    && n.offers(r)
-                    && n.unavailable(c.now()).is_none()
-                    && self.free(c, *i, r) > 0
-            })
-            .map(|(i, _)| i)
+            .copied()
+            .filter(|&i| self.free(c, i, r) > 0)
             .collect();
         let mut best: Option<Plan> = None;
         for &(missing, t) in targets.iter().take(TARGETS) {
@@ -111,7 +121,7 @@ impl Ledger {
         self.add(c, plan.target, r, moved - need);
         for m in &plan.moves {
             self.add(c, m.to, r, -m.gpus);
-            self.moved.push(m.pod);
+            self.moved.insert(m.pod);
         }
         Some(plan)
     }

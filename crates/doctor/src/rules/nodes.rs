@@ -72,11 +72,11 @@ fn has_driver_label(n: &NodeView<'_>) -> bool {
 }
 
 /// A GPU node whose kubelet stopped reporting (Ready False/Unknown, or the lifecycle taints).
-fn not_ready(c: &Cluster<'_>, n: &NodeView<'_>) -> Option<Finding> {
+fn not_ready(_c: &Cluster<'_>, n: &NodeView<'_>) -> Option<Finding> {
     if n.not_ready().is_none() && !n.lifecycle_tainted() {
         return None;
     }
-    let why = n.unavailable(c.now()).unwrap_or_default();
+    let why = n.unavailable().unwrap_or_default().to_string();
     let mut f = Finding::new(
         Severity::Warning,
         Category::Node,

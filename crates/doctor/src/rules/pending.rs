@@ -41,6 +41,7 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
         gpu_nodes: &gpu_nodes,
         configs: &mut configs,
         ledger: &mut ledger,
+        shapes: std::collections::HashMap::new(),
         waiting: &waiting,
     };
     pending
@@ -49,12 +50,91 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
         .collect()
 }
 
+/// The nodes (indexes into `Cluster::nodes`) a pod shape can use, at each step of the diagnosis.
+struct Shape {
+    /// Picked by the constraints, could serve the GPUs, but down.
+    down: Vec<usize>,
+    /// GPU resources some node that is up offers.
+    offered_up: std::collections::BTreeSet<String>,
+    /// Offer every GPU resource the pod asks for.
+    offering: Vec<usize>,
+    /// ... and match its nodeSelector / required affinity.
+    selected: Vec<usize>,
+    /// ... and are up.
+    up: Vec<usize>,
+    /// ... and carry no taint it does not tolerate.
+    tolerated: Vec<usize>,
+    /// Up, with an untolerated taint, and room for the GPUs.
+    tainted_with_room: Vec<usize>,
+}
+
+impl Shape {
+    fn of(c: &Cluster<'_>, p: &PodView<'_>) -> Shape {
+        let mut s = Shape {
+            down: Vec::new(),
+            offered_up: std::collections::BTreeSet::new(),
+            offering: Vec::new(),
+            selected: Vec::new(),
+            up: Vec::new(),
+            tolerated: Vec::new(),
+            tainted_with_room: Vec::new(),
+        };
+        for (i, n) in c.nodes.iter().enumerate().filter(|(_, n)| n.is_gpu) {
+            let is_up = n.unavailable().is_none();
+            if is_up {
+                for r in p.gpus.keys() {
+                    if n.offers(r) {
+                        s.offered_up.insert(r.clone());
+                    }
+                }
+            }
+            let selects = fit::selects(p.pod, n.name, n.labels);
+            if selects && !is_up && could_serve(n, p) {
+                s.down.push(i);
+            }
+            if !p.gpus.keys().all(|r| n.offers(r)) {
+                continue;
+            }
+            s.offering.push(i);
+            if !selects {
+                continue;
+            }
+            s.selected.push(i);
+            if !is_up {
+                continue;
+            }
+            s.up.push(i);
+            if fit::untolerated(p.pod, &n.taints).is_empty() {
+                s.tolerated.push(i);
+            } else if p.gpus.iter().all(|(r, need)| n.free(r) >= *need) {
+                s.tainted_with_room.push(i);
+            }
+        }
+        s
+    }
+}
+
+/// What the node lists depend on: the pod's GPUs, node selector, required affinity, tolerations.
+fn shape_key(p: &PodView<'_>) -> String {
+    let spec = p.pod.spec.as_ref();
+    serde_json::to_string(&(
+        &p.gpus,
+        spec.and_then(|s| s.node_selector.as_ref()),
+        spec.and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()),
+        spec.and_then(|s| s.tolerations.as_ref()),
+    ))
+    .unwrap_or_default()
+}
+
 struct Ctx<'c, 'a> {
     c: &'c Cluster<'a>,
     o: &'c Options,
     gpu_nodes: &'c [&'c NodeView<'a>],
     configs: &'c mut Option<MigPartedConfig>,
     ledger: &'c mut Ledger,
+    shapes: std::collections::HashMap<String, Shape>,
     /// Per resource: pending pods asking for it, and how many they ask for together.
     waiting: &'c BTreeMap<String, (usize, i64)>,
 }
@@ -117,14 +197,30 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
     let said = scheduler_says(c, p);
     let want = resources::describe(&p.gpus);
     let who = format!("{}/{}", p.namespace, p.name);
+    // The node lists depend only on the pod's shape (GPUs, selectors, tolerations): pods of one
+    // Job or Deployment share them.
+    let key = shape_key(p);
+    if !x.shapes.contains_key(&key) {
+        let shape = Shape::of(c, p);
+        x.shapes.insert(key.clone(), shape);
+    }
+    let shape = &x.shapes[&key];
+    let nodes = |ix: &[usize]| -> Vec<&NodeView<'_>> { ix.iter().map(|&i| &c.nodes[i]).collect() };
     // GPU nodes the pod's constraints pick that are down (NotReady, no plugin, MIG failed...).
-    let down: Vec<(&NodeView<'_>, String)> = gpu_nodes
+    let down: Vec<(&NodeView<'_>, String)> = shape
+        .down
         .iter()
-        .copied()
-        .filter(|n| fit::selects(p.pod, n.name, n.labels) && could_serve(n, p))
-        .filter_map(|n| n.unavailable(c.now()).map(|why| (n, why)))
+        .map(|&i| {
+            let n = &c.nodes[i];
+            (n, n.unavailable().unwrap_or_default().to_string())
+        })
         .collect();
-    let is_up = |n: &&NodeView<'_>| n.unavailable(c.now()).is_none();
+    let offering = nodes(&shape.offering);
+    let selected = nodes(&shape.selected);
+    let up = nodes(&shape.up);
+    let tolerated = nodes(&shape.tolerated);
+    let tainted_with_room = nodes(&shape.tainted_with_room);
+    let offered_up = shape.offered_up.clone();
 
     // 1. The nodes the pod's constraints pick offer other GPU resources (a MIG pool asked for whole
     // GPUs, a shared pool asked for several replicas...).
@@ -160,7 +256,7 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
 
     // 2. A resource no node offers at all (unless nodes that would are down).
     for (r, n) in &p.gpus {
-        if !gpu_nodes.iter().any(|node| node.offers(r) && is_up(node)) {
+        if !offered_up.contains(r) {
             if !down.is_empty() {
                 return Some(with_scheduler(unavailable(c, p, &down, None), &said));
             }
@@ -171,11 +267,6 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
             return Some(with_scheduler(f, &said));
         }
     }
-    let offering: Vec<&NodeView<'_>> = gpu_nodes
-        .iter()
-        .copied()
-        .filter(|node| p.gpus.keys().all(|r| node.offers(r)))
-        .collect();
     if offering.is_empty() {
         let f = base(
             Severity::Critical,
@@ -189,12 +280,7 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
     }
 
     // 3. nodeSelector / required node affinity, then the nodes that are up.
-    let selected: Vec<&NodeView<'_>> = offering
-        .iter()
-        .copied()
-        .filter(|n| fit::selects(p.pod, n.name, n.labels))
-        .collect();
-    let up: Vec<&NodeView<'_>> = selected.iter().copied().filter(is_up).collect();
+    let _ = &selected;
     if up.is_empty() {
         if !down.is_empty() {
             return Some(with_scheduler(unavailable(c, p, &down, None), &said));
@@ -207,16 +293,6 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
 
     // 4. Taints.
     let has_room = |n: &NodeView<'_>| p.gpus.iter().all(|(r, need)| n.free(r) >= *need);
-    let tolerated: Vec<&NodeView<'_>> = up
-        .iter()
-        .copied()
-        .filter(|n| fit::untolerated(p.pod, &n.taints).is_empty())
-        .collect();
-    let tainted_with_room: Vec<&NodeView<'_>> = up
-        .iter()
-        .copied()
-        .filter(|n| !fit::untolerated(p.pod, &n.taints).is_empty() && has_room(n))
-        .collect();
     if tolerated.is_empty()
         || (!tolerated.iter().any(|n| has_room(n)) && !tainted_with_room.is_empty())
     {
