@@ -52,6 +52,8 @@ pub struct NodeView<'a> {
     pub bare_pods: Vec<&'a str>,
     /// Why the node's GPUs cannot take pods now (see [`NodeView::unavailable`]), computed once.
     down: Option<String>,
+    /// The catalog model of its GPUs, looked up once (`rules::node_model`).
+    pub(crate) model: std::cell::OnceCell<Option<&'static gpuops_catalog::GpuModel>>,
 }
 
 /// The taints the node lifecycle controller puts on a node whose kubelet stopped reporting.
@@ -124,26 +126,19 @@ impl NodeView<'_> {
                 .collect();
             return Some(format!("NotReady (taint {})", keys.join(", ")));
         }
-        match self.label(MIG_CONFIG_STATE) {
-            Some("failed") => {
-                return Some(format!(
-                    "MIG config {} failed",
-                    self.label(MIG_CONFIG).unwrap_or("?")
-                ));
-            }
-            Some(s @ ("pending" | "rebooting")) => {
-                return Some(format!(
-                    "MIG config {} {s}",
-                    self.label(MIG_CONFIG).unwrap_or("?")
-                ));
-            }
-            _ => {}
-        }
+        // A MIG change that failed or is under way leaves the node what it advertises (the agent
+        // puts the old resources back after a failure): only with nothing allocatable is it down.
         if !self.allocatable.values().any(|v| *v > 0) {
-            return Some(if self.capacity.values().any(|v| *v > 0) {
-                "every GPU device unhealthy (allocatable 0)".to_string()
-            } else {
-                "no device plugin registered (no nvidia.com/ resource)".to_string()
+            let config = self.label(MIG_CONFIG).unwrap_or("?");
+            return Some(match self.label(MIG_CONFIG_STATE) {
+                Some("failed") => format!("MIG config {config} failed, no GPU allocatable"),
+                Some(s @ ("pending" | "rebooting")) => {
+                    format!("MIG config {config} {s}, no GPU allocatable meanwhile")
+                }
+                _ if self.capacity.values().any(|v| *v > 0) => {
+                    "every GPU device unhealthy (allocatable 0)".to_string()
+                }
+                _ => "no device plugin registered (no nvidia.com/ resource)".to_string(),
             });
         }
         if self
@@ -324,6 +319,7 @@ impl<'a> Cluster<'a> {
                     memory_requested: 0.0,
                     bare_pods: Vec::new(),
                     down: None,
+                    model: std::cell::OnceCell::new(),
                 }
             })
             .collect();
@@ -524,11 +520,19 @@ pub fn human_duration(s: i64) -> String {
     }
 }
 
-/// `a, b, c and 4 more`.
+/// `a, b, c and 4 more` (only the items shown are formatted: lists can hold thousands of nodes).
 pub fn list_some<T: std::fmt::Display>(items: impl IntoIterator<Item = T>, max: usize) -> String {
-    let all: Vec<String> = items.into_iter().map(|i| i.to_string()).collect();
-    if all.len() <= max {
-        return all.join(", ");
+    let mut shown: Vec<String> = Vec::new();
+    let mut rest = 0usize;
+    for item in items {
+        if shown.len() < max {
+            shown.push(item.to_string());
+        } else {
+            rest += 1;
+        }
     }
-    format!("{} and {} more", all[..max].join(", "), all.len() - max)
+    if rest == 0 {
+        return shown.join(", ");
+    }
+    format!("{} and {rest} more", shown.join(", "))
 }

@@ -194,7 +194,18 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
         ));
     }
     f = f.command(format!("kubectl describe node {}", n.name));
-    let fix = if capacity > 0 {
+    let fix = if mig_state == Some("failed") {
+        f.title = format!(
+            "GPU node {} has no allocatable GPUs: applying its MIG config failed",
+            n.name
+        );
+        f = f.evidence(format!("{MIG_CONFIG_STATE}=failed"));
+        f.commands
+            .retain(|c| c.starts_with("kubectl describe node"));
+        "the MIG change failed before the device plugin advertised the new layout: see the MIG finding \
+         (mig-config-failed) for why and how to retry"
+            .to_string()
+    } else if capacity > 0 {
         f.title = format!(
             "GPU node {} has {capacity} GPU devices, all unhealthy",
             n.name
@@ -223,7 +234,10 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
              restarting the agent pod re-registers it; the kubelet's device-plugins directory must be mounted"
         )
     };
-    Some(f.fix(fix))
+    Some(f.fix(format!(
+        "{fix}; the node's state: kubectl describe node {}",
+        n.name
+    )))
 }
 
 fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {

@@ -122,7 +122,10 @@ fn shape_key(p: &PodView<'_>) -> String {
         spec.and_then(|s| s.node_selector.as_ref()),
         spec.and_then(|s| s.affinity.as_ref())
             .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()),
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            }),
         spec.and_then(|s| s.tolerations.as_ref()),
     ))
     .unwrap_or_default()
@@ -408,12 +411,17 @@ fn unavailable(
     for (n, _) in down.iter().take(LISTED) {
         f = f.object(ObjectRef::node(n.name));
     }
-    let first = down.first().map_or("NODE", |(n, _)| n.name);
+    let describes = down
+        .iter()
+        .take(LISTED)
+        .map(|(n, _)| format!("kubectl describe node {}", n.name))
+        .collect::<Vec<_>>()
+        .join(", ");
     let mut fix = if all_not_ready {
         format!(
             "do not add tolerations or remove the node.kubernetes.io taints: the node lifecycle \
              controller set them because the kubelet stopped reporting, and the pod schedules by \
-             itself when the node{} {} Ready again. Check why: kubectl describe node {first} \
+             itself when the node{} {} Ready again. Check why: {describes} \
              (conditions, last heartbeat); on the node: systemctl status kubelet, journalctl -u \
              kubelet, its network to the API server, disk and memory pressure",
             if down.len() == 1 { "" } else { "s" },
@@ -421,8 +429,8 @@ fn unavailable(
         )
     } else {
         format!(
-            "repair these nodes first (see their node, MIG and health findings: kubectl describe \
-             node {first}); the pod fits once they are back, so adding nodes is not the fix"
+            "repair these nodes first (see their node, MIG and health findings: {describes}); the \
+             pod fits once they are back, so adding nodes is not the fix"
         )
     };
     let _ = c;
@@ -593,16 +601,26 @@ fn fits_anyway(
 }
 
 fn free_list(nodes: &[&NodeView<'_>], r: &str) -> String {
-    let mut v: Vec<(&str, i64, i64)> = nodes
+    let mut v: Vec<(std::cmp::Reverse<i64>, &str, i64)> = nodes
         .iter()
-        .map(|n| (n.name, n.free(r), n.allocatable_of(r)))
+        .map(|n| (std::cmp::Reverse(n.free(r)), n.name, n.allocatable_of(r)))
         .collect();
-    v.sort_by_key(|(name, free, _)| (std::cmp::Reverse(*free), *name));
-    list_some(
-        v.iter()
-            .map(|(name, free, alloc)| format!("{name} {free}/{alloc} free")),
-        LISTED,
-    )
+    let total = v.len();
+    // The LISTED roomiest, without sorting thousands of nodes.
+    if v.len() > LISTED {
+        v.select_nth_unstable(LISTED);
+        v.truncate(LISTED);
+    }
+    v.sort_unstable();
+    let mut text = v
+        .iter()
+        .map(|(free, name, alloc)| format!("{name} {}/{alloc} free", free.0))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if total > LISTED {
+        text.push_str(&format!(" and {} more", total - LISTED));
+    }
+    text
 }
 
 const PACK_HINT: &str = "pack small GPU pods so whole nodes stay free: score GPU nodes MostAllocated \
@@ -1338,6 +1356,7 @@ mod tests {
         label(&mut noplugin, "nvidia.com/gpu.present", "true");
         label(&mut noplugin, "nvidia.com/gpu.count", "8");
         let mut migfail = gpu_node("mf-1", "nvidia.com/gpu", 8);
+        set_resource(&mut migfail, "nvidia.com/gpu", 8, 0);
         label(&mut migfail, "nvidia.com/mig.config", "all-1g.10gb");
         label(&mut migfail, "nvidia.com/mig.config.state", "failed");
         let mut down = gpu_node("nr-1", "nvidia.com/gpu", 8);
@@ -1366,7 +1385,7 @@ mod tests {
         let e = &got.evidence[1];
         assert!(
             e.contains("np-1 (no device plugin registered")
-                && e.contains("mf-1 (MIG config all-1g.10gb failed)")
+                && e.contains("mf-1 (MIG config all-1g.10gb failed, no GPU allocatable)")
                 && e.contains("nr-1 (NotReady for 2m (Ready=False KubeletNotReady"),
             "{e}"
         );
