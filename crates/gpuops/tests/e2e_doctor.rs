@@ -1711,3 +1711,101 @@ fn the_doctor_gets_right_what_it_used_to_get_wrong_on_a_real_control_plane() {
         .count();
     assert_eq!(one.json["summary"]["pods"], on_q1, "{}", one.text);
 }
+
+// ---- Without a cluster: `top` over a served exposition, and the cluster flags' errors ----
+
+/// Serves `body` (chunked, each chunk `chunk` bytes) to `n` requests on a loopback port.
+fn serve_chunked(body: &'static str, chunk: usize, n: usize) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for _ in 0..n {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
+                }
+            }
+            let mut resp = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
+            for part in body.as_bytes().chunks(chunk) {
+                resp.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+                resp.extend_from_slice(part);
+                resp.extend_from_slice(b"\r\n");
+            }
+            resp.extend_from_slice(b"0\r\n\r\n");
+            let _ = s.write_all(&resp);
+        }
+    });
+    url
+}
+
+const EXPOSITION: &str = "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-0\",Hostname=\"n\u{e9}ud-1\",container=\"train\",namespace=\"ml\",pod=\"trainer-0\"} 97\nDCGM_FI_DEV_GPU_UTIL{gpu=\"1\",UUID=\"GPU-1\",Hostname=\"n\u{e9}ud-1\",container=\"c\",namespace=\"web\",pod=\"a\"} 30\ngpuops_device_allocated{gpu=\"0\",UUID=\"GPU-0\",Hostname=\"n\u{e9}ud-1\"} 1\ngpuops_device_allocated{gpu=\"1\",UUID=\"GPU-1\",Hostname=\"n\u{e9}ud-1\"} 1\n";
+
+#[test]
+fn top_pods_takes_a_namespace_and_reads_chunked_utf8_metrics() {
+    // 7-byte chunks: some boundary falls inside the two-byte "é".
+    let url = serve_chunked(EXPOSITION, 7, 3);
+    let rows = |extra: &[&str]| -> Vec<Value> {
+        let out = common::gpuops()
+            .args(["top", "pods", "--metrics", &url, "-o", "json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::text(&out));
+        serde_json::from_slice::<Value>(&out.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let ml = rows(&["-n", "ml"]);
+    assert_eq!(ml.len(), 1, "{ml:?}");
+    assert_eq!(ml[0]["pod"], "trainer-0");
+    assert_eq!(ml[0]["node"], "n\u{e9}ud-1");
+    let all = rows(&["-A"]);
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(rows(&[]).len(), 2);
+    let out = common::gpuops()
+        .args(["top", "pods", "--metrics", &url, "-n", "ml", "-A"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "-n and -A conflict");
+}
+
+#[test]
+fn the_cluster_flags_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.yaml");
+    let out = common::gpuops()
+        .args(["doctor", "--kubeconfig"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        common::text(&out).contains(&format!("--kubeconfig {}", missing.display())),
+        "{}",
+        common::text(&out)
+    );
+    let kc = dir.path().join("kc.yaml");
+    std::fs::write(
+        &kc,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: a\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    token: t\ncurrent-context: a\n",
+    )
+    .unwrap();
+    let out = common::gpuops()
+        .args(["top", "nodes", "--metrics-from", "agents", "--kubeconfig"])
+        .arg(&kc)
+        .args(["--context", "no-such"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = common::text(&out);
+    assert!(text.contains("no-such"), "{text}");
+}
