@@ -42,6 +42,7 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
         configs: &mut configs,
         ledger: &mut ledger,
         shapes: std::collections::HashMap::new(),
+        mismatches: std::collections::HashMap::new(),
         waiting: &waiting,
     };
     pending
@@ -104,7 +105,7 @@ impl Shape {
                 continue;
             }
             s.up.push(i);
-            if fit::untolerated(p.pod, &n.taints).is_empty() {
+            if fit::tolerates_all(p.pod, &n.taints) {
                 s.tolerated.push(i);
             } else if p.gpus.iter().all(|(r, need)| n.free(r) >= *need) {
                 s.tainted_with_room.push(i);
@@ -138,6 +139,8 @@ struct Ctx<'c, 'a> {
     configs: &'c mut Option<MigPartedConfig>,
     ledger: &'c mut Ledger,
     shapes: std::collections::HashMap<String, Shape>,
+    /// Mismatch findings per shape, with the pod named in the first one.
+    mismatches: std::collections::HashMap<String, (String, Finding)>,
     /// Per resource: pending pods asking for it, and how many they ask for together.
     waiting: &'c BTreeMap<String, (usize, i64)>,
 }
@@ -218,12 +221,19 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
             (n, n.unavailable().unwrap_or_default().to_string())
         })
         .collect();
-    let offering = nodes(&shape.offering);
-    let selected = nodes(&shape.selected);
+    let offering_empty = shape.offering.is_empty();
     let up = nodes(&shape.up);
     let tolerated = nodes(&shape.tolerated);
     let tainted_with_room = nodes(&shape.tainted_with_room);
     let offered_up = shape.offered_up.clone();
+
+    // A resource mismatch depends on the shape only: build it once, then name each pod.
+    if let Some((first, f)) = x.mismatches.get(&key) {
+        let mut f = f.clone();
+        f.title = f.title.replace(first.as_str(), &who);
+        f.objects[0] = ObjectRef::pod(p.namespace, p.name);
+        return Some(with_scheduler(f, &said));
+    }
 
     // 1. The nodes the pod's constraints pick offer other GPU resources (a MIG pool asked for whole
     // GPUs, a shared pool asked for several replicas...).
@@ -253,6 +263,7 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
                     list_some(picked.iter().map(|n| n.name), LISTED)
                 ),
             );
+            x.mismatches.insert(key, (who, f.clone()));
             return Some(with_scheduler(f, &said));
         }
     }
@@ -267,10 +278,11 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
                 .configs
                 .get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
             let f = mismatch(p, r, *n, gpu_nodes, configs);
+            x.mismatches.insert(key, (who, f.clone()));
             return Some(with_scheduler(f, &said));
         }
     }
-    if offering.is_empty() {
+    if offering_empty {
         let f = base(
             Severity::Critical,
             "resource-mismatch",
@@ -283,11 +295,11 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
     }
 
     // 3. nodeSelector / required node affinity, then the nodes that are up.
-    let _ = &selected;
     if up.is_empty() {
         if !down.is_empty() {
             return Some(with_scheduler(unavailable(c, p, &down, None), &said));
         }
+        let offering = nodes(&shape.offering);
         return Some(with_scheduler(
             selector_mismatch(p, &offering, &want),
             &said,
