@@ -71,7 +71,11 @@ where
             .list(&page_lp)
             .await
             .with_context(|| format!("listing {what}"))?;
-        out.extend(page.items);
+        // managedFields are most of a real object's size and no rule reads them.
+        out.extend(page.items.into_iter().map(|mut item| {
+            item.meta_mut().managed_fields = None;
+            item
+        }));
         token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
             return Ok(out);
