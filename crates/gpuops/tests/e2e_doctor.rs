@@ -1385,6 +1385,9 @@ fn the_doctor_gets_right_what_it_used_to_get_wrong_on_a_real_control_plane() {
         "",
     ));
     nodes.push_str(&node("q-1", "q", &[(gpu, 8)], &[], ""));
+    // Two 4-GPU nodes for moves that do work (Deployment pods, recreated elsewhere).
+    nodes.push_str(&node("mv-1", "mv", &[(gpu, 4)], &[], ""));
+    nodes.push_str(&node("mv-2", "mv", &[(gpu, 4)], &[], ""));
     // A node with no kubelet and no KWOK: the real node lifecycle controller marks it NotReady.
     nodes.push_str(&static_node(
         "nr-1",
@@ -1414,6 +1417,46 @@ fn the_doctor_gets_right_what_it_used_to_get_wrong_on_a_real_control_plane() {
             pod("fills-ok", gpu, 8, Some("broken"), "")
         ))
         .unwrap();
+    // One Deployment pod on mv-1, two of another on mv-2 (placed through cordons, so the spread
+    // is known): 3 and 2 GPUs free.
+    wait_until("mv nodes untainted", Duration::from_secs(90), || {
+        ["mv-1", "mv-2"].iter().all(|n| {
+            cluster
+                .kubectl(&["get", "node", n, "-o", "jsonpath={.spec.taints}"])
+                .is_ok_and(|t| t.trim().is_empty())
+        })
+    })
+    .unwrap();
+    let limit1 = "        resources:\n          limits:\n            nvidia.com/gpu: \"1\"\n";
+    for (name, replicas, on, off) in [
+        ("small-a", 1, "mv-1", "mv-2"),
+        ("small-b", 2, "mv-2", "mv-1"),
+    ] {
+        cluster.kubectl(&["cordon", off]).unwrap();
+        cluster
+            .apply(&deployment(name, "default", "mv", replicas, limit1))
+            .unwrap();
+        wait_until(
+            &format!("{name} bound on {on}"),
+            Duration::from_secs(60),
+            || {
+                cluster
+                    .kubectl(&[
+                        "get",
+                        "pods",
+                        "-l",
+                        &format!("app={name}"),
+                        "-o",
+                        "jsonpath={.items[*].spec.nodeName}",
+                    ])
+                    .is_ok_and(|s| {
+                        s.split_whitespace().filter(|n| *n == on).count() == replicas as usize
+                    })
+            },
+        )
+        .unwrap();
+        cluster.kubectl(&["uncordon", off]).unwrap();
+    }
     for p in ["cpu-hog", "fills-ok"] {
         wait_until(&format!("{p} bound"), Duration::from_secs(60), || {
             !phase(&cluster, p).ends_with('/')
@@ -1537,18 +1580,20 @@ fn the_doctor_gets_right_what_it_used_to_get_wrong_on_a_real_control_plane() {
     pending.push_str(&pod("waits-nr", gpu, 2, Some("nr"), ""));
     pending.push_str(&pod("waits-broken", gpu, 4, Some("broken"), ""));
     pending.push_str(&cpu_pod("needs-cpu", "default", "cpu", 1, "4"));
+    // mv: 3 and 2 GPUs free, so 4 fit on one node only after a move.
+    pending.push_str(&pod("needs-four", gpu, 4, Some("mv"), ""));
     cluster.apply(&pending).unwrap();
     wait_until(
         "the scheduler to give up on each pending pod",
         Duration::from_secs(60),
         || {
-            ["waits-nr", "waits-broken", "needs-cpu"]
+            ["waits-nr", "waits-broken", "needs-cpu", "needs-four"]
                 .iter()
                 .all(|p| unschedulable(&cluster, p))
         },
     )
     .unwrap_or_else(|e| {
-        let phases: Vec<String> = ["waits-nr", "waits-broken", "needs-cpu"]
+        let phases: Vec<String> = ["waits-nr", "waits-broken", "needs-cpu", "needs-four"]
             .iter()
             .map(|p| format!("{p}: {}", phase(&cluster, p)))
             .collect();
@@ -1654,6 +1699,35 @@ fn the_doctor_gets_right_what_it_used_to_get_wrong_on_a_real_control_plane() {
             .contains(&"gpus-freed-since".to_string())
     );
 
+    // Item 10: a move that works, computed against the cluster: the Deployment pod alone on the
+    // roomier node fits on the other one.
+    if d.codes_about("needs-four") != vec!["fragmentation"] {
+        panic!(
+            "needs-four: {:?}\n{}\n{}",
+            d.codes_about("needs-four"),
+            cluster
+                .kubectl(&["get", "pods", "-A", "-o", "wide"])
+                .unwrap_or_default(),
+            cluster
+                .kubectl(&["get", "pod", "needs-four", "-o", "yaml"])
+                .unwrap_or_default()
+        );
+    }
+    let f = d.one("fragmentation", "needs-four");
+    assert!(fix(f).starts_with("make room on mv-"), "{f}");
+    let cmds: Vec<&str> = f["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(cmds.len(), 1, "{f}");
+    assert!(
+        cmds[0].starts_with("kubectl -n default delete pod small-a-"),
+        "{f}"
+    );
+    assert!(fix(f).starts_with("make room on mv-1"), "{f}");
+
     // Item 3: the real no-limit text on the ReplicaSet.
     let f = d
         .findings()
@@ -1692,6 +1766,22 @@ fn the_doctor_gets_right_what_it_used_to_get_wrong_on_a_real_control_plane() {
 
     // Item 9: every command, on the real apiserver.
     assert!(check_commands(&cluster, &d) >= 5);
+
+    // -n reads the namespace's events (and the nodes'), not every namespace's.
+    let ns = doctor(&cluster, &["-n", "quota-ns"]);
+    assert!(
+        ns.findings()
+            .iter()
+            .any(|f| f["code"] == "gpu-quota-exceeded"),
+        "{}",
+        ns.text
+    );
+    assert!(
+        ns.json["summary"]["events"].as_u64().unwrap()
+            < d.json["summary"]["events"].as_u64().unwrap(),
+        "{}",
+        ns.text
+    );
 
     // --node reads that node (and its pods), not the cluster.
     let one = doctor(&cluster, &["--node", "q-1"]);

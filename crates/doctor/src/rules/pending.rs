@@ -707,19 +707,12 @@ fn fragmentation(
                 cmds.push(format!("kubectl -n {} delete pod {}", q.namespace, q.name));
             }
             f = f.fix(format!(
-                "make room on {}: delete {} so their controllers recreate them (each fits on another \
+                "make room on {}: {} (their controllers recreate them, and each fits on another \
                  node: {}); {who} then fits on {}. Until pods are packed the scheduler may put a \
                  recreated pod back there: give {who} a higher priorityClassName so it preempts instead. \
                  Lasting fix: {PACK_HINT}",
                 t.name,
-                moves
-                    .iter()
-                    .map(|m| {
-                        let q = &c.gpu_pods[m.pod];
-                        format!("{}/{}", q.namespace, q.name)
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                cmds.join("; "),
                 text.join(", "),
                 t.name
             ));
