@@ -48,6 +48,12 @@ pub struct NodeView<'a> {
     /// CPU and memory requested by every active pod bound here (GPU or not).
     pub cpu_requested: f64,
     pub memory_requested: f64,
+    /// Active pods here no controller recreates (kubectl drain refuses them without --force).
+    pub bare_pods: Vec<&'a str>,
+    /// Why the node's GPUs cannot take pods now (see [`NodeView::unavailable`]), computed once.
+    down: Option<String>,
+    /// The catalog model of its GPUs, looked up once (`rules::node_model`).
+    pub(crate) model: std::cell::OnceCell<Option<&'static gpuops_catalog::GpuModel>>,
 }
 
 /// The taints the node lifecycle controller puts on a node whose kubelet stopped reporting.
@@ -93,7 +99,11 @@ impl NodeView<'_> {
 
     /// Why the node's GPUs cannot take pods now, when they cannot: NotReady, no device plugin,
     /// every device unhealthy, the GPU-unhealthy taint, or a MIG change failed or under way.
-    pub fn unavailable(&self, now: Timestamp) -> Option<String> {
+    pub fn unavailable(&self) -> Option<&str> {
+        self.down.as_deref()
+    }
+
+    fn compute_unavailable(&self, now: Timestamp) -> Option<String> {
         if let Some(c) = self.not_ready() {
             let since = c
                 .last_transition_time
@@ -116,26 +126,19 @@ impl NodeView<'_> {
                 .collect();
             return Some(format!("NotReady (taint {})", keys.join(", ")));
         }
-        match self.label(MIG_CONFIG_STATE) {
-            Some("failed") => {
-                return Some(format!(
-                    "MIG config {} failed",
-                    self.label(MIG_CONFIG).unwrap_or("?")
-                ));
-            }
-            Some(s @ ("pending" | "rebooting")) => {
-                return Some(format!(
-                    "MIG config {} {s}",
-                    self.label(MIG_CONFIG).unwrap_or("?")
-                ));
-            }
-            _ => {}
-        }
+        // A MIG change that failed or is under way leaves the node what it advertises (the agent
+        // puts the old resources back after a failure): only with nothing allocatable is it down.
         if !self.allocatable.values().any(|v| *v > 0) {
-            return Some(if self.capacity.values().any(|v| *v > 0) {
-                "every GPU device unhealthy (allocatable 0)".to_string()
-            } else {
-                "no device plugin registered (no nvidia.com/ resource)".to_string()
+            let config = self.label(MIG_CONFIG).unwrap_or("?");
+            return Some(match self.label(MIG_CONFIG_STATE) {
+                Some("failed") => format!("MIG config {config} failed, no GPU allocatable"),
+                Some(s @ ("pending" | "rebooting")) => {
+                    format!("MIG config {config} {s}, no GPU allocatable meanwhile")
+                }
+                _ if self.capacity.values().any(|v| *v > 0) => {
+                    "every GPU device unhealthy (allocatable 0)".to_string()
+                }
+                _ => "no device plugin registered (no nvidia.com/ resource)".to_string(),
             });
         }
         if self
@@ -146,6 +149,36 @@ impl NodeView<'_> {
             return Some("GPU unhealthy (taint gpuops.io/gpu-unhealthy)".to_string());
         }
         None
+    }
+
+    /// `kubectl drain` for this node: with `--force` when pods no controller recreates are on it
+    /// (drain refuses them otherwise; they are deleted for good).
+    pub fn drain(&self) -> String {
+        let force = if self.bare_pods.is_empty() {
+            ""
+        } else {
+            " --force"
+        };
+        format!(
+            "kubectl drain {} --ignore-daemonsets --delete-emptydir-data{force}",
+            self.name
+        )
+    }
+
+    /// What [`NodeView::drain`]'s `--force` costs, for the fix text ("" when none).
+    pub fn drain_note(&self) -> String {
+        if self.bare_pods.is_empty() {
+            return String::new();
+        }
+        format!(
+            " (--force because {} not recreated by any controller: save {} first)",
+            list_some(self.bare_pods.iter(), 4),
+            if self.bare_pods.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            }
+        )
     }
 
     /// CPU and memory the node has left for a pod: (cores, bytes); `None` when unknown.
@@ -284,9 +317,15 @@ impl<'a> Cluster<'a> {
                     memory_allocatable: quantity("memory"),
                     cpu_requested: 0.0,
                     memory_requested: 0.0,
+                    bare_pods: Vec::new(),
+                    down: None,
+                    model: std::cell::OnceCell::new(),
                 }
             })
             .collect();
+        for n in &mut nodes {
+            n.down = n.compute_unavailable(snapshot.now);
+        }
         let node_index: HashMap<&str, usize> =
             nodes.iter().enumerate().map(|(i, n)| (n.name, i)).collect();
 
@@ -318,6 +357,22 @@ impl<'a> Cluster<'a> {
                     nodes[i].memory_requested += memory;
                     if is_agent(pod) {
                         nodes[i].agents.push(pod);
+                    }
+                    let controlled = pod
+                        .metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.controller == Some(true));
+                    let mirror = pod
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+                    if !controlled && !mirror {
+                        nodes[i]
+                            .bare_pods
+                            .push(pod.metadata.name.as_deref().unwrap_or(""));
                     }
                 }
             }
@@ -465,11 +520,19 @@ pub fn human_duration(s: i64) -> String {
     }
 }
 
-/// `a, b, c and 4 more`.
+/// `a, b, c and 4 more` (only the items shown are formatted: lists can hold thousands of nodes).
 pub fn list_some<T: std::fmt::Display>(items: impl IntoIterator<Item = T>, max: usize) -> String {
-    let all: Vec<String> = items.into_iter().map(|i| i.to_string()).collect();
-    if all.len() <= max {
-        return all.join(", ");
+    let mut shown: Vec<String> = Vec::new();
+    let mut rest = 0usize;
+    for item in items {
+        if shown.len() < max {
+            shown.push(item.to_string());
+        } else {
+            rest += 1;
+        }
     }
-    format!("{} and {} more", all[..max].join(", "), all.len() - max)
+    if rest == 0 {
+        return shown.join(", ");
+    }
+    format!("{} and {rest} more", shown.join(", "))
 }

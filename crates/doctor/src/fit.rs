@@ -63,6 +63,18 @@ pub fn untolerated<'a>(pod: &Pod, taints: &'a [Taint]) -> Vec<&'a Taint> {
         .collect()
 }
 
+/// Whether the pod tolerates every one of `taints` (as [`untolerated`] is empty, without allocating).
+pub fn tolerates_all(pod: &Pod, taints: &[Taint]) -> bool {
+    let tols: &[Toleration] = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or(&[]);
+    taints
+        .iter()
+        .all(|taint| tols.iter().any(|t| tolerates(t, taint)))
+}
+
 /// Whether the pod's nodeSelector and required node affinity admit a node with these labels.
 pub fn selects(pod: &Pod, node_name: &str, labels: &BTreeMap<String, String>) -> bool {
     let Some(spec) = pod.spec.as_ref() else {

@@ -145,6 +145,88 @@ fn evidence(f: &Value) -> String {
         .join("\n")
 }
 
+/// Splits a command line as a POSIX shell would for the doctor's commands (words, '...', "...").
+fn shell_words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    let mut any = false;
+    for ch in line.chars() {
+        match (quote, ch) {
+            (None, '\'' | '"') => {
+                quote = Some(ch);
+                any = true;
+            }
+            (Some(q), c) if c == q => quote = None,
+            (None, c) if c.is_whitespace() => {
+                if any {
+                    out.push(std::mem::take(&mut cur));
+                    any = false;
+                }
+            }
+            (_, c) => {
+                cur.push(c);
+                any = true;
+            }
+        }
+    }
+    if any {
+        out.push(cur);
+    }
+    out
+}
+
+/// Every command every finding lists appears in its fix and is valid for its object on the real
+/// apiserver: changes run with `--dry-run=server`, reads run as they are (`kubectl logs` becomes
+/// `kubectl get pod`: these pods have no kubelet to serve a log).
+fn check_commands(cluster: &Cluster, d: &Doctor) -> usize {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for f in d.findings() {
+        let fix = f["fix"].as_str().unwrap_or("");
+        for cmd in f["commands"].as_array().into_iter().flatten() {
+            let cmd = cmd.as_str().unwrap();
+            if !fix.contains(cmd) {
+                failures.push(format!("{}: `{cmd}` is not in the fix: {fix}", f["code"]));
+                continue;
+            }
+            let words = shell_words(cmd);
+            assert_eq!(words[0], "kubectl", "{cmd}");
+            let mut args: Vec<String> = words[1..].to_vec();
+            let verb_at = args
+                .iter()
+                .enumerate()
+                .position(|(i, a)| {
+                    !a.starts_with('-')
+                        && (i == 0 || !["-n", "--namespace"].contains(&args[i - 1].as_str()))
+                })
+                .unwrap();
+            let verb = args[verb_at].clone();
+            match verb.as_str() {
+                "delete" | "label" | "annotate" | "taint" | "cordon" | "uncordon" | "drain"
+                | "patch" | "set" => args.push("--dry-run=server".into()),
+                "logs" => {
+                    args[verb_at] = "get".into();
+                    args.insert(verb_at + 1, "pod".into());
+                }
+                "get" | "describe" => {}
+                other => panic!("unexpected kubectl verb {other} in `{cmd}`"),
+            }
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            checked += 1;
+            if let Err(e) = cluster.kubectl(&refs) {
+                failures.push(format!("{}: `{cmd}`: {e}", f["code"]));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "commands that do not work as printed:\n{}",
+        failures.join("\n")
+    );
+    checked
+}
+
 #[test]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
 fn the_doctor_names_the_real_cause_of_each_pending_gpu_pod_and_leaves_look_alikes_alone() {
@@ -298,8 +380,10 @@ fn the_doctor_names_the_real_cause_of_each_pending_gpu_pod_and_leaves_look_alike
         e.contains("3 free across 3 eligible nodes, at most 1 on one node, 2 needed"),
         "{e}"
     );
+    // The fillers (3 GPUs, bare pods) fit nowhere else: no move can make room.
     assert!(
-        f["fix"].as_str().unwrap().contains("make room on frag-"),
+        f["fix"].as_str().unwrap().starts_with("capacity is short")
+            && !f["fix"].as_str().unwrap().contains("make room on"),
         "{f}"
     );
 
@@ -356,6 +440,7 @@ fn the_doctor_names_the_real_cause_of_each_pending_gpu_pod_and_leaves_look_alike
 
     d.one("request-exceeds-node", "too-big");
     d.one("zero-allocatable", "broken-1");
+    assert!(check_commands(&cluster, &d) > 0);
     d.one("mig-config-failed", "migfail-1");
     assert_eq!(
         d.one("shared-request-over-one", "two-replicas")["severity"],
@@ -731,6 +816,11 @@ fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objec
         eight,
         &[],
     );
+    // The agent's structured health (gpuops.io/gpu-health) with a condition whose prose names no
+    // GPU, and a malformed annotation beside an older agent's wording.
+    for name in ["hl-anno", "hl-bad"] {
+        add(name, H100, DRIVER, &[(gpu, 8)], &[(gpu, 7)], eight, &[]);
+    }
     // MIG: pending for an hour (a GPU pod still on it), pending for two minutes (look-alike),
     // all-3g.40gb wanted but 1g.10gb instances advertised, and all-1g.10gb with the right count.
     let mig_labels =
@@ -869,6 +959,21 @@ fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objec
         "all 8 GPUs are healthy",
     );
     gpu_healthy(&cluster, "hl-xid13", "True", "AllGPUsHealthy", benign13);
+    gpu_healthy(
+        &cluster,
+        "hl-anno",
+        "False",
+        "GPUProblems",
+        "a GPU is unwell",
+    );
+    gpu_healthy(&cluster, "hl-bad", "False", "XidError", unhealthy48);
+    let report = r#"gpuops.io/gpu-health={"version":1,"problems":[{"gpu_index":6,"gpu_uuid":"GPU-00000006-1111-2222-3333-444444444444","kind":"xid","xid":48}]}"#;
+    cluster
+        .kubectl(&["annotate", "node", "hl-anno", report])
+        .unwrap();
+    cluster
+        .kubectl(&["annotate", "node", "hl-bad", "gpuops.io/gpu-health={broken"])
+        .unwrap();
 
     // Pods bound by name: a GPU pod holding the MIG-pending node, one OOMKilled and one that
     // exited 137 with reason Error (both restarted), one tolerating tolerated-node's taint.
@@ -941,7 +1046,17 @@ fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objec
     assert!(idle.ends_with(" 0"), "the idle pod's GPU: {idle}");
 
     std::thread::sleep(Duration::from_secs(2));
-    let d = doctor(&cluster, &["--metrics", &url, "--idle-after", "1s"]);
+    let d = doctor(
+        &cluster,
+        &[
+            "--metrics",
+            &url,
+            "--idle-after",
+            "1s",
+            "--gpu-hour-price",
+            "2.5",
+        ],
+    );
     assert_eq!(d.code, Some(2), "critical findings exit 2:\n{}", d.text);
     let all = || serde_json::to_string_pretty(&d.json).unwrap();
 
@@ -1008,6 +1123,19 @@ fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objec
             && fix(f).contains("kubectl describe node hl-withheld"),
         "{f}"
     );
+    // The annotation names GPU 6 though the condition's prose does not.
+    let f = d.one("gpu-unhealthy", "hl-anno");
+    assert!(
+        f["title"].as_str().unwrap().contains("GPU 6 unhealthy")
+            && fix(f).contains("nvidia-smi -r -i 6")
+            && evidence(f).contains("gpuops.io/gpu-health: GPU 6 (GPU-00000006"),
+        "{f}"
+    );
+    let f = d.one("gpu-health-annotation-invalid", "hl-bad");
+    assert_eq!(f["severity"], "warning");
+    assert!(evidence(f).starts_with("gpuops.io/gpu-health: "), "{f}");
+    // ... and the older reading of the condition still answers.
+    assert!(fix(d.one("gpu-unhealthy", "hl-bad")).contains("nvidia-smi -r -i 2"));
     let health = [
         "gpu-unhealthy",
         "gpu-lost",
@@ -1045,10 +1173,10 @@ fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objec
             && e.contains("the node advertises: 1g.10gb x56 (8 GPUs)"),
         "{e}"
     );
+    // The same label value again is no event: the fix restarts the agent instead.
     assert!(
-        fix(f).contains(
-            "kubectl label node mig-layout nvidia.com/mig.config=all-3g.40gb --overwrite"
-        ),
+        !fix(f).contains("nvidia.com/mig.config=all-3g.40gb --overwrite")
+            && fix(f).contains("--field-selector spec.nodeName=mig-layout"),
         "{f}"
     );
     for quiet in ["mig-recent", "mig-ok"] {
@@ -1106,10 +1234,10 @@ fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objec
             && evidence(f).contains("restarts 3; memory limit 8Gi"),
         "{f}"
     );
+    // A bare pod's resources cannot be changed: recreate it, with the limit doubled.
     assert!(
-        fix(f).contains(
-            "kubectl -n default set resources pod/oomed -c cuda --limits=memory=<2x 8Gi>"
-        ),
+        fix(f).contains("recreate it with memory 16Gi for cuda")
+            && !fix(f).contains("set resources pod/"),
         "{f}"
     );
     assert!(
@@ -1134,6 +1262,10 @@ fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objec
     assert!(
         fix(f).contains("kubectl -n default delete pod idle-job"),
         "{f}"
+    );
+    assert!(
+        e.contains("wastes 1 GPU-hour per hour (at 2.50/GPU-hour: 2.50/hour, 60.00/day)"),
+        "{e}"
     );
     assert!(
         !d.codes_about("busy-job")
@@ -1161,9 +1293,609 @@ fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objec
         d.codes_about("tolerated-node")
     );
 
+    // Every fix's commands, on the real apiserver.
+    assert!(check_commands(&cluster, &d) > 10);
+
     // The same findings without metrics, minus the idle one.
     let plain = doctor(&cluster, &["--idle-after", "1s"]);
     assert!(plain.codes_about("idle-job").is_empty(), "{}", plain.text);
     plain.one("oom-killed", "oomed");
     plain.one("gpu-unhealthy", "hl-xid48");
+}
+
+// ---- States the doctor used to get wrong (issue 19), with the real controller-manager ----
+
+/// A pod pinned to `pool` asking for `gpus` whole GPUs and `cpu` cores.
+fn cpu_pod(name: &str, ns: &str, pool: &str, gpus: u32, cpu: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  nodeSelector:\n    pool: {pool}\n  tolerations:\n  - key: kwok.x-k8s.io/node\n    operator: Exists\n  containers:\n  - name: cuda\n    image: example.invalid/cuda:12\n    resources:\n      requests:\n        cpu: \"{cpu}\"\n      limits:\n        nvidia.com/gpu: \"{gpus}\"\n"
+    )
+}
+
+/// A Deployment of `replicas` pods pinned to `pool`, with `resources` (YAML at the container's
+/// indentation) as each container's resources.
+fn deployment(name: &str, ns: &str, pool: &str, replicas: u32, resources: &str) -> String {
+    format!(
+        "---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      nodeSelector:\n        pool: {pool}\n      tolerations:\n      - key: kwok.x-k8s.io/node\n        operator: Exists\n      containers:\n      - name: cuda\n        image: example.invalid/cuda:12\n{resources}"
+    )
+}
+
+/// The message of the newest FailedCreate event about a ReplicaSet of `deployment` in `ns`.
+fn failed_create(cluster: &Cluster, ns: &str, deployment: &str) -> Option<String> {
+    let events = cluster
+        .get_json(&[
+            "events",
+            "-n",
+            ns,
+            "--field-selector",
+            "reason=FailedCreate",
+        ])
+        .ok()?;
+    events["items"]
+        .as_array()?
+        .iter()
+        .filter(|e| {
+            e["involvedObject"]["kind"] == "ReplicaSet"
+                && e["involvedObject"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(&format!("{deployment}-")))
+        })
+        .filter_map(|e| e["message"].as_str().map(String::from))
+        .next_back()
+}
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_doctor_gets_right_what_it_used_to_get_wrong_on_a_real_control_plane() {
+    let cluster = Cluster::start(ClusterOptions {
+        kwok: true,
+        controller_manager: true,
+        ..ClusterOptions::default()
+    })
+    .unwrap();
+    let gpu = "nvidia.com/gpu";
+
+    // KWOK nodes (kept Ready by KWOK): a GPU node short of CPU beside a CPU-only node; a pool of a
+    // full node, one without device plugin and one whose MIG change failed; a node for the quota.
+    let mut nodes = String::new();
+    nodes.push_str(
+        &node("gpu-lowcpu", "cpu", &[(gpu, 8)], &[], "").replace("cpu: \"64\"", "cpu: \"8\""),
+    );
+    nodes.push_str(
+        "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: cpu-only\n  annotations:\n    kwok.x-k8s.io/node: fake\n  labels:\n    type: kwok\n    pool: cpu\nspec: {}\nstatus:\n  capacity:\n    cpu: \"64\"\n    memory: 512Gi\n    pods: \"110\"\n  allocatable:\n    cpu: \"64\"\n    memory: 512Gi\n    pods: \"110\"\n",
+    );
+    nodes.push_str(&node("ok-1", "broken", &[(gpu, 8)], &[], ""));
+    nodes.push_str(&node(
+        "np-1",
+        "broken",
+        &[],
+        &[("nvidia.com/gpu.count", "8")],
+        "",
+    ));
+    // MIG failed with nothing allocatable (with its old resources back it would take the pod).
+    nodes.push_str(&node(
+        "mf-1",
+        "broken",
+        &[(gpu, 0)],
+        &[
+            ("nvidia.com/gpu.count", "8"),
+            ("nvidia.com/mig.config", "all-1g.10gb"),
+            ("nvidia.com/mig.config.state", "failed"),
+        ],
+        "",
+    ));
+    nodes.push_str(&node("q-1", "q", &[(gpu, 8)], &[], ""));
+    // Two 4-GPU nodes for moves that do work (Deployment pods, recreated elsewhere).
+    nodes.push_str(&node("mv-1", "mv", &[(gpu, 4)], &[], ""));
+    nodes.push_str(&node("mv-2", "mv", &[(gpu, 4)], &[], ""));
+    // A node with no kubelet and no KWOK: the real node lifecycle controller marks it NotReady.
+    nodes.push_str(&static_node(
+        "nr-1",
+        H100,
+        DRIVER,
+        &[(gpu, 8)],
+        &[(gpu, 8)],
+        &[("pool", "nr"), ("nvidia.com/gpu.count", "8")],
+        &[],
+    ));
+    cluster.apply(&nodes).unwrap();
+    // The lifecycle controller lifts NodeTaint's not-ready taint once KWOK reports Ready; do it
+    // now rather than wait (absent already is fine).
+    let _ = cluster.kubectl(&[
+        "taint",
+        "nodes",
+        "-l",
+        "type=kwok",
+        "node.kubernetes.io/not-ready:NoSchedule-",
+    ]);
+
+    // Fillers: 7 of gpu-lowcpu's 8 CPUs, all of ok-1's GPUs.
+    cluster
+        .apply(&format!(
+            "{}{}",
+            cpu_pod("cpu-hog", "default", "cpu", 1, "7"),
+            pod("fills-ok", gpu, 8, Some("broken"), "")
+        ))
+        .unwrap();
+    // One Deployment pod on mv-1, two of another on mv-2 (placed through cordons, so the spread
+    // is known): 3 and 2 GPUs free.
+    wait_until("mv nodes untainted", Duration::from_secs(90), || {
+        ["mv-1", "mv-2"].iter().all(|n| {
+            cluster
+                .kubectl(&["get", "node", n, "-o", "jsonpath={.spec.taints}"])
+                .is_ok_and(|t| t.trim().is_empty())
+        })
+    })
+    .unwrap();
+    let limit1 = "        resources:\n          limits:\n            nvidia.com/gpu: \"1\"\n";
+    for (name, replicas, on, off) in [
+        ("small-a", 1, "mv-1", "mv-2"),
+        ("small-b", 2, "mv-2", "mv-1"),
+    ] {
+        cluster.kubectl(&["cordon", off]).unwrap();
+        cluster
+            .apply(&deployment(name, "default", "mv", replicas, limit1))
+            .unwrap();
+        wait_until(
+            &format!("{name} bound on {on}"),
+            Duration::from_secs(60),
+            || {
+                cluster
+                    .kubectl(&[
+                        "get",
+                        "pods",
+                        "-l",
+                        &format!("app={name}"),
+                        "-o",
+                        "jsonpath={.items[*].spec.nodeName}",
+                    ])
+                    .is_ok_and(|s| {
+                        s.split_whitespace().filter(|n| *n == on).count() == replicas as usize
+                    })
+            },
+        )
+        .unwrap();
+        cluster.kubectl(&["uncordon", off]).unwrap();
+    }
+    for p in ["cpu-hog", "fills-ok"] {
+        wait_until(&format!("{p} bound"), Duration::from_secs(60), || {
+            !phase(&cluster, p).ends_with('/')
+        })
+        .unwrap();
+    }
+
+    // Item 3: a Deployment whose template requests a GPU without a limit, as the real apiserver
+    // and controller-manager answer it.
+    cluster
+        .kubectl(&["create", "namespace", "nolimit"])
+        .unwrap();
+    let template = "        resources:\n          requests:\n            nvidia.com/gpu: \"1\"\n";
+    let direct = cluster.apply(&deployment("nolimit", "nolimit", "q", 1, template));
+    let no_limit_text = match &direct {
+        // The apiserver validates the template itself: nothing is stored, no event exists.
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("Limit must be set for non overcommitable resources"),
+                "{text}"
+            );
+            // Pods get such a request at creation from a LimitRange's defaultRequest: the
+            // ReplicaSet's FailedCreate is then what there is to read.
+            cluster
+                .apply(
+                    "---\napiVersion: v1\nkind: LimitRange\nmetadata:\n  name: gpu-default\n  namespace: nolimit\nspec:\n  limits:\n  - type: Container\n    defaultRequest:\n      nvidia.com/gpu: \"1\"\n",
+                )
+                .unwrap();
+            cluster
+                .apply(&deployment(
+                    "nolimit",
+                    "nolimit",
+                    "q",
+                    1,
+                    "        resources: {}\n",
+                ))
+                .unwrap();
+            text
+        }
+        Ok(_) => String::new(),
+    };
+    let mut seen = None;
+    wait_until(
+        "the ReplicaSet's FailedCreate",
+        Duration::from_secs(60),
+        || {
+            seen = failed_create(&cluster, "nolimit", "nolimit");
+            seen.is_some()
+        },
+    )
+    .unwrap();
+    let real = seen.unwrap();
+    assert!(
+        real.contains("Limit must be set for non overcommitable resources")
+            && !real.contains("nvidia.com/"),
+        "the real text names no resource: {real}\n(apply said: {no_limit_text})"
+    );
+
+    // Item 5: a ResourceQuota on requests.nvidia.com/gpu that lets one of two replicas in.
+    cluster
+        .kubectl(&["create", "namespace", "quota-ns"])
+        .unwrap();
+    cluster
+        .apply(
+            "---\napiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: gpu-quota\n  namespace: quota-ns\nspec:\n  hard:\n    requests.nvidia.com/gpu: \"1\"\n",
+        )
+        .unwrap();
+    wait_until("the quota's status", Duration::from_secs(30), || {
+        cluster
+            .kubectl(&[
+                "get",
+                "resourcequota",
+                "-n",
+                "quota-ns",
+                "gpu-quota",
+                "-o",
+                "jsonpath={.status.hard}",
+            ])
+            .is_ok_and(|s| s.contains("nvidia.com/gpu"))
+    })
+    .unwrap();
+    cluster
+        .apply(&deployment(
+            "train",
+            "quota-ns",
+            "q",
+            2,
+            "        resources:\n          limits:\n            nvidia.com/gpu: \"1\"\n",
+        ))
+        .unwrap();
+    let mut quota_text = None;
+    wait_until("the quota's FailedCreate", Duration::from_secs(60), || {
+        quota_text =
+            failed_create(&cluster, "quota-ns", "train").filter(|m| m.contains("exceeded quota"));
+        quota_text.is_some()
+    })
+    .unwrap();
+
+    // Item 1: wait for the real lifecycle controller to give up on nr-1 (no kubelet, no lease).
+    wait_until("nr-1 marked unreachable", Duration::from_secs(180), || {
+        cluster
+            .kubectl(&[
+                "get",
+                "node",
+                "nr-1",
+                "-o",
+                "jsonpath={.spec.taints[*].key}",
+            ])
+            .is_ok_and(|t| t.contains("node.kubernetes.io/unreachable"))
+    })
+    .unwrap();
+    // Item 7: a restarted GPU container whose log cannot be read (no kubelet on nr-1).
+    cluster
+        .apply(&bound_pod("restarted", "nr-1", 1, ""))
+        .unwrap();
+    restarted_after(&cluster, "restarted", "Error", 1);
+
+    // The pending pods: on the NotReady node's pool, on the broken pool, blocked by CPU.
+    let mut pending = String::new();
+    pending.push_str(&pod("waits-nr", gpu, 2, Some("nr"), ""));
+    pending.push_str(&pod("waits-broken", gpu, 4, Some("broken"), ""));
+    pending.push_str(&cpu_pod("needs-cpu", "default", "cpu", 1, "4"));
+    // mv: 3 and 2 GPUs free, so 4 fit on one node only after a move.
+    pending.push_str(&pod("needs-four", gpu, 4, Some("mv"), ""));
+    cluster.apply(&pending).unwrap();
+    wait_until(
+        "the scheduler to give up on each pending pod",
+        Duration::from_secs(60),
+        || {
+            ["waits-nr", "waits-broken", "needs-cpu", "needs-four"]
+                .iter()
+                .all(|p| unschedulable(&cluster, p))
+        },
+    )
+    .unwrap_or_else(|e| {
+        let phases: Vec<String> = ["waits-nr", "waits-broken", "needs-cpu", "needs-four"]
+            .iter()
+            .map(|p| format!("{p}: {}", phase(&cluster, p)))
+            .collect();
+        panic!("{e}: {phases:?}")
+    });
+
+    // Item 8: a --metrics URL and a --prometheus nobody answers.
+    let dead = gpuops_testbed::free_port().unwrap();
+    let dead_metrics = format!("http://127.0.0.1:{dead}/metrics");
+    let dead_prom = format!("http://127.0.0.1:{dead}");
+    let d = doctor(
+        &cluster,
+        &["--metrics", &dead_metrics, "--prometheus", &dead_prom],
+    );
+    assert_eq!(
+        d.code,
+        Some(2),
+        "the findings are reported anyway:\n{}",
+        d.text
+    );
+    let unread: Vec<&str> = d.json["summary"]["unread"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.as_str().unwrap())
+        .collect();
+    let all = serde_json::to_string_pretty(&d.json).unwrap();
+    assert!(
+        unread
+            .iter()
+            .any(|u| u.starts_with(&format!("--metrics {dead_metrics}: ")))
+            && unread
+                .iter()
+                .any(|u| u.starts_with(&format!("--prometheus {dead_prom}: "))),
+        "{all}"
+    );
+    // Item 7: the unreadable log, once, with why.
+    assert_eq!(
+        unread
+            .iter()
+            .filter(|u| u.starts_with("the logs of "))
+            .count(),
+        1,
+        "{all}"
+    );
+    assert!(
+        unread.iter().any(|u| u
+            .starts_with("the logs of 1 container: default/restarted container cuda (previous): ")),
+        "{all}"
+    );
+
+    // Item 1: NotReady, not a taint to tolerate.
+    assert!(
+        !d.codes_about("waits-nr")
+            .contains(&"untolerated-taint".to_string()),
+        "{all}"
+    );
+    let f = d.one("gpu-nodes-unavailable", "waits-nr");
+    assert!(
+        f["title"]
+            .as_str()
+            .unwrap()
+            .contains("waits for 1 NotReady GPU node"),
+        "{f}"
+    );
+    let e = evidence(f);
+    assert!(
+        e.contains("had untolerated taint")
+            && e.contains("nr-1 (NotReady for ")
+            && e.contains("Kubelet never posted node status."),
+        "the scheduler's and the lifecycle controller's words: {e}"
+    );
+    assert!(fix(f).contains("schedules by itself"), "{f}");
+    d.one("gpu-node-not-ready", "nr-1");
+
+    // Item 6: the broken pool explains the pending pod; no scale-up advice.
+    let f = d.one("gpu-nodes-unavailable", "waits-broken");
+    let e = evidence(f);
+    assert!(
+        e.contains("16 GPUs on 2 nodes the pod could use are unavailable: ")
+            && e.contains("np-1 (no device plugin registered")
+            && e.contains("mf-1 (MIG config all-1g.10gb failed, no GPU allocatable)"),
+        "{e}"
+    );
+    assert!(
+        !d.codes_about("waits-broken")
+            .contains(&"insufficient-gpus".to_string())
+    );
+
+    // Item 2: judged per node: the GPU node lacks CPU, whatever the message's first clause.
+    let f = d.one("insufficient-cpu-memory", "needs-cpu");
+    let e = evidence(f);
+    assert!(
+        e.contains("Insufficient cpu") && e.contains("Insufficient nvidia.com/gpu"),
+        "the scheduler's mixed message: {e}"
+    );
+    assert!(
+        e.contains("gpu-lowcpu: nvidia.com/gpu: 1 free; cpu 1 free of 8 (needs 4)"),
+        "{e}"
+    );
+    assert!(
+        !d.codes_about("needs-cpu")
+            .contains(&"gpus-freed-since".to_string())
+    );
+
+    // Item 10: a move that works, computed against the cluster: the Deployment pod alone on the
+    // roomier node fits on the other one.
+    if d.codes_about("needs-four") != vec!["fragmentation"] {
+        panic!(
+            "needs-four: {:?}\n{}\n{}",
+            d.codes_about("needs-four"),
+            cluster
+                .kubectl(&["get", "pods", "-A", "-o", "wide"])
+                .unwrap_or_default(),
+            cluster
+                .kubectl(&["get", "pod", "needs-four", "-o", "yaml"])
+                .unwrap_or_default()
+        );
+    }
+    let f = d.one("fragmentation", "needs-four");
+    assert!(fix(f).starts_with("make room on mv-"), "{f}");
+    let cmds: Vec<&str> = f["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(cmds.len(), 1, "{f}");
+    assert!(
+        cmds[0].starts_with("kubectl -n default delete pod small-a-"),
+        "{f}"
+    );
+    assert!(fix(f).starts_with("make room on mv-1"), "{f}");
+
+    // Item 3: the real no-limit text on the ReplicaSet.
+    let f = d
+        .findings()
+        .iter()
+        .find(|f| {
+            f["code"] == "gpu-request-without-limit"
+                && f["objects"][0]["kind"] == "ReplicaSet"
+                && f["objects"][0]["namespace"] == "nolimit"
+        })
+        .unwrap_or_else(|| panic!("no finding for the real FailedCreate ({real}):\n{all}"));
+    assert!(
+        evidence(f).contains("Limit must be set for non overcommitable resources"),
+        "{f}"
+    );
+
+    // Item 5: the quota, its use and who holds it.
+    let f = d
+        .findings()
+        .iter()
+        .find(|f| f["code"] == "gpu-quota-exceeded")
+        .unwrap_or_else(|| panic!("no quota finding ({quota_text:?}):\n{all}"));
+    let e = evidence(f);
+    assert!(
+        e.contains("exceeded quota: gpu-quota")
+            && e.contains("ResourceQuota quota-ns/gpu-quota: requests.nvidia.com/gpu used 1 of 1")
+            && e.contains("held by: quota-ns/train-"),
+        "{e}"
+    );
+
+    // Item 11: a GPU node seconds old is not idle.
+    assert!(
+        !d.codes_about("q-1").contains(&"idle-gpu-node".to_string())
+            && !d.codes_about("nr-1").contains(&"idle-gpu-node".to_string()),
+        "{all}"
+    );
+
+    // Item 9: every command, on the real apiserver.
+    assert!(check_commands(&cluster, &d) >= 5);
+
+    // -n reads the namespace's events (and the nodes'), not every namespace's.
+    let ns = doctor(&cluster, &["-n", "quota-ns"]);
+    assert!(
+        ns.findings()
+            .iter()
+            .any(|f| f["code"] == "gpu-quota-exceeded"),
+        "{}",
+        ns.text
+    );
+    assert!(
+        ns.json["summary"]["events"].as_u64().unwrap()
+            < d.json["summary"]["events"].as_u64().unwrap(),
+        "{}",
+        ns.text
+    );
+
+    // --node reads that node (and its pods), not the cluster.
+    let one = doctor(&cluster, &["--node", "q-1"]);
+    assert_eq!(one.json["summary"]["nodes"], 1, "{}", one.text);
+    let on_q1 = cluster
+        .kubectl(&[
+            "get",
+            "pods",
+            "-A",
+            "--field-selector",
+            "spec.nodeName=q-1",
+            "-o",
+            "name",
+        ])
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(one.json["summary"]["pods"], on_q1, "{}", one.text);
+}
+
+// ---- Without a cluster: `top` over a served exposition, and the cluster flags' errors ----
+
+/// Serves `body` (chunked, each chunk `chunk` bytes) to `n` requests on a loopback port.
+fn serve_chunked(body: &'static str, chunk: usize, n: usize) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for _ in 0..n {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
+                }
+            }
+            let mut resp = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
+            for part in body.as_bytes().chunks(chunk) {
+                resp.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+                resp.extend_from_slice(part);
+                resp.extend_from_slice(b"\r\n");
+            }
+            resp.extend_from_slice(b"0\r\n\r\n");
+            let _ = s.write_all(&resp);
+        }
+    });
+    url
+}
+
+const EXPOSITION: &str = "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-0\",Hostname=\"n\u{e9}ud-1\",container=\"train\",namespace=\"ml\",pod=\"trainer-0\"} 97\nDCGM_FI_DEV_GPU_UTIL{gpu=\"1\",UUID=\"GPU-1\",Hostname=\"n\u{e9}ud-1\",container=\"c\",namespace=\"web\",pod=\"a\"} 30\ngpuops_device_allocated{gpu=\"0\",UUID=\"GPU-0\",Hostname=\"n\u{e9}ud-1\"} 1\ngpuops_device_allocated{gpu=\"1\",UUID=\"GPU-1\",Hostname=\"n\u{e9}ud-1\"} 1\n";
+
+#[test]
+fn top_pods_takes_a_namespace_and_reads_chunked_utf8_metrics() {
+    // 7-byte chunks: some boundary falls inside the two-byte "é".
+    let url = serve_chunked(EXPOSITION, 7, 3);
+    let rows = |extra: &[&str]| -> Vec<Value> {
+        let out = common::gpuops()
+            .args(["top", "pods", "--metrics", &url, "-o", "json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::text(&out));
+        serde_json::from_slice::<Value>(&out.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let ml = rows(&["-n", "ml"]);
+    assert_eq!(ml.len(), 1, "{ml:?}");
+    assert_eq!(ml[0]["pod"], "trainer-0");
+    assert_eq!(ml[0]["node"], "n\u{e9}ud-1");
+    let all = rows(&["-A"]);
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(rows(&[]).len(), 2);
+    let out = common::gpuops()
+        .args(["top", "pods", "--metrics", &url, "-n", "ml", "-A"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "-n and -A conflict");
+}
+
+#[test]
+fn the_cluster_flags_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.yaml");
+    let out = common::gpuops()
+        .args(["doctor", "--kubeconfig"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        common::text(&out).contains(&format!("--kubeconfig {}", missing.display())),
+        "{}",
+        common::text(&out)
+    );
+    let kc = dir.path().join("kc.yaml");
+    std::fs::write(
+        &kc,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: a\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    token: t\ncurrent-context: a\n",
+    )
+    .unwrap();
+    let out = common::gpuops()
+        .args(["top", "nodes", "--metrics-from", "agents", "--kubeconfig"])
+        .arg(&kc)
+        .args(["--context", "no-such"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = common::text(&out);
+    assert!(text.contains("no-such"), "{text}");
 }

@@ -9,12 +9,19 @@ use std::collections::BTreeMap;
 
 pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     let mut out = idle_allocated(c, o);
+    // The resources pending GPU pods ask for (a node offering one is awaited, not idle).
+    let wanted: std::collections::BTreeSet<&str> = c
+        .gpu_pods
+        .iter()
+        .filter(|p| p.pending_unbound())
+        .flat_map(|p| p.gpus.keys().map(String::as_str))
+        .collect();
     for n in c.gpu_nodes() {
         // A node that is down is the node rules' (and its taints are no one's to remove).
         if n.not_ready().is_some() || n.lifecycle_tainted() {
             continue;
         }
-        out.extend(unusable_free(c, o, n));
+        out.extend(unusable_free(c, o, n, &wanted));
     }
     out
 }
@@ -182,7 +189,12 @@ fn idle_allocated(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     out
 }
 
-fn unusable_free(c: &Cluster<'_>, o: &Options, n: &NodeView<'_>) -> Vec<Finding> {
+fn unusable_free(
+    c: &Cluster<'_>,
+    o: &Options,
+    n: &NodeView<'_>,
+    wanted: &std::collections::BTreeSet<&str>,
+) -> Vec<Finding> {
     let free: Vec<(&String, i64)> = n
         .allocatable
         .keys()
@@ -228,7 +240,7 @@ fn unusable_free(c: &Cluster<'_>, o: &Options, n: &NodeView<'_>) -> Vec<Finding>
             free.iter().any(|(r, _)| p.gpus.contains_key(*r))
                 && blocking
                     .iter()
-                    .all(|t| fit::untolerated(p.pod, std::slice::from_ref(*t)).is_empty())
+                    .all(|t| fit::tolerates_all(p.pod, std::slice::from_ref(*t)))
         });
         if !anyone {
             let taints: Vec<String> = blocking.iter().map(|t| fit::describe_taint(t)).collect();
@@ -255,10 +267,7 @@ fn unusable_free(c: &Cluster<'_>, o: &Options, n: &NodeView<'_>) -> Vec<Finding>
         }
     }
     // A pod on its way here makes the node busy, not idle.
-    let awaited = c
-        .gpu_pods
-        .iter()
-        .any(|p| p.pending_unbound() && p.gpus.keys().any(|r| n.offers(r)));
+    let awaited = wanted.iter().any(|r| n.offers(r));
     // A node that just joined is not idle: pods may be on their way (autoscaler scale-up).
     let age = n
         .node

@@ -118,10 +118,9 @@ fn class_rank(c: XidClass) -> u8 {
     }
 }
 
-fn fix_for(class: XidClass, node: &str, gpus: &str, lost: bool) -> String {
-    let drain = format!(
-        "kubectl cordon {node} && kubectl drain {node} --ignore-daemonsets --delete-emptydir-data"
-    );
+fn fix_for(class: XidClass, n: &NodeView<'_>, gpus: &str, lost: bool) -> String {
+    let node = n.name;
+    let drain = format!("kubectl cordon {node} && {}{}", n.drain(), n.drain_note());
     if lost || class == XidClass::RebootNode {
         return format!(
             "{drain}; reboot the node (a GPU off the bus needs it); if the GPU is still missing after the reboot, \
@@ -424,7 +423,7 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
     let fix = if code == "unhealthy-devices" && classes.is_empty() {
         withheld_fix(n)
     } else {
-        fix_for(worst, n.name, &gpu_list, lost)
+        fix_for(worst, n, &gpu_list, lost)
     };
     f = f.fix(fix);
     for cmd in health_commands(worst, n, lost, code) {
@@ -455,7 +454,7 @@ fn health_commands(class: XidClass, n: &NodeView<'_>, lost: bool, code: &str) ->
     }
     let drain = vec![
         format!("kubectl cordon {node}"),
-        format!("kubectl drain {node} --ignore-daemonsets --delete-emptydir-data"),
+        n.drain(),
         format!("kubectl uncordon {node}"),
     ];
     if lost || matches!(class, XidClass::RebootNode | XidClass::Drain) {

@@ -202,12 +202,10 @@ fn stuck(
         f.fix(format!("the node was to reboot to change MIG mode: check it came back (kubectl get node {0}) and the agent runs on it", n.name))
             .command(format!("kubectl get node {}", n.name))
     } else {
-        let drain = format!(
-            "kubectl drain {} --ignore-daemonsets --delete-emptydir-data",
-            n.name
-        );
+        let drain = n.drain();
+        let note = n.drain_note();
         f.fix(format!(
-            "MIG changes wait for the GPUs to be free: move the GPU pods off ({drain}, then \
+            "MIG changes wait for the GPUs to be free: move the GPU pods off ({drain}{note}, then \
              kubectl uncordon {0} once the state is success) or check the agent's log on {0}",
             n.name
         ))

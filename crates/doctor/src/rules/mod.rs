@@ -59,11 +59,13 @@ pub(crate) fn model_for_product(product: &str) -> Option<&'static GpuModel> {
 
 /// The node's GPU model from its product labels (`nvidia.com/gpu.product` or a MIG resource's).
 pub(crate) fn node_model(n: &NodeView<'_>) -> Option<&'static GpuModel> {
-    n.label(PRODUCT).and_then(model_for_product).or_else(|| {
-        n.labels
-            .iter()
-            .filter(|(k, _)| k.starts_with("nvidia.com/mig-") && k.ends_with(".product"))
-            .find_map(|(_, v)| model_for_product(v))
+    *n.model.get_or_init(|| {
+        n.label(PRODUCT).and_then(model_for_product).or_else(|| {
+            n.labels
+                .iter()
+                .filter(|(k, _)| k.starts_with("nvidia.com/mig-") && k.ends_with(".product"))
+                .find_map(|(_, v)| model_for_product(v))
+        })
     })
 }
 

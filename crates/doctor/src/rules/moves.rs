@@ -28,9 +28,12 @@ pub(crate) struct Plan {
 /// Free GPUs per node and resource after the moves planned so far.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
-    free: HashMap<(usize, String), i64>,
+    /// node -> resource -> free, where a plan changed it.
+    free: HashMap<usize, HashMap<String, i64>>,
     /// Pods already planned to move (not moved twice).
-    moved: Vec<usize>,
+    moved: std::collections::HashSet<usize>,
+    /// Per resource: the GPU nodes that are up and offer it (where a moved pod may go).
+    hosts: HashMap<String, Vec<usize>>,
 }
 
 impl Ledger {
@@ -40,14 +43,18 @@ impl Ledger {
 
     fn free(&self, c: &Cluster<'_>, node: usize, r: &str) -> i64 {
         self.free
-            .get(&(node, r.to_string()))
+            .get(&node)
+            .and_then(|m| m.get(r))
             .copied()
             .unwrap_or_else(|| c.nodes[node].free(r))
     }
 
     fn add(&mut self, c: &Cluster<'_>, node: usize, r: &str, delta: i64) {
         let now = self.free(c, node, r);
-        self.free.insert((node, r.to_string()), now + delta);
+        self.free
+            .entry(node)
+            .or_default()
+            .insert(r.to_string(), now + delta);
     }
 
     /// The fewest moves that free `need` of `r` on one of `candidates` for `pod`, committed to
@@ -61,11 +68,14 @@ impl Ledger {
         candidates: &[&NodeView<'_>],
     ) -> Option<Plan> {
         let index = |n: &NodeView<'_>| c.node_index.get(n.name).copied();
-        let total: i64 = candidates
-            .iter()
-            .filter_map(|n| index(n))
-            .map(|i| self.free(c, i, r))
-            .sum();
+        // Enough free in all? (stops counting once it is)
+        let mut total = 0;
+        for i in candidates.iter().filter_map(|n| index(n)) {
+            total += self.free(c, i, r);
+            if total >= need {
+                break;
+            }
+        }
         if total < need {
             return None;
         }
@@ -75,20 +85,24 @@ impl Ledger {
             .filter_map(|n| index(n))
             .map(|i| (need - self.free(c, i, r), i))
             .collect();
+        // The few closest to fitting, without sorting thousands.
+        if targets.len() > TARGETS {
+            targets.select_nth_unstable(TARGETS);
+            targets.truncate(TARGETS);
+        }
         targets.sort_unstable();
-        // Nodes that can take a moved pod at all, found once.
-        let hosts: Vec<usize> = c
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(i, n)| {
-                n.is_gpu
-                    && n.offers(r)
-                    && n.unavailable(c.now()).is_none()
-                    && self.free(c, *i, r) > 0
-            })
-            .map(|(i, _)| i)
-            .collect();
+        // Nodes that can take a moved pod at all, found once per resource.
+        if !self.hosts.contains_key(r) {
+            let list: Vec<usize> = c
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| n.is_gpu && n.offers(r) && n.unavailable().is_none())
+                .map(|(i, _)| i)
+                .collect();
+            self.hosts.insert(r.to_string(), list);
+        }
+        let hosts = std::mem::take(self.hosts.entry(r.to_string()).or_default());
         let mut best: Option<Plan> = None;
         for &(missing, t) in targets.iter().take(TARGETS) {
             if missing <= 0 {
@@ -106,12 +120,13 @@ impl Ledger {
                 best = Some(plan);
             }
         }
+        self.hosts.insert(r.to_string(), hosts);
         let plan = best?;
         let moved: i64 = plan.moves.iter().map(|m| m.gpus).sum();
         self.add(c, plan.target, r, moved - need);
         for m in &plan.moves {
             self.add(c, m.to, r, -m.gpus);
-            self.moved.push(m.pod);
+            self.moved.insert(m.pod);
         }
         Some(plan)
     }
@@ -163,18 +178,25 @@ impl Ledger {
         let mut moves = Vec::new();
         for (gpus, q) in chosen {
             let qv = &c.gpu_pods[q];
-            let to = hosts
-                .iter()
-                .copied()
-                .filter(|&u| u != target)
-                .filter(|&u| self.free(c, u, r) - taken.get(&u).copied().unwrap_or(0) >= gpus)
-                .filter(|&u| {
-                    let n = &c.nodes[u];
-                    fit::selects(qv.pod, n.name, n.labels)
-                        && fit::untolerated(qv.pod, &n.taints).is_empty()
-                })
-                // Best fit: the node left fullest.
-                .min_by_key(|&u| (self.free(c, u, r) - taken.get(&u).copied().unwrap_or(0), u))?;
+            // Best fit (the node left fullest), stopping at an exact fit.
+            let mut to: Option<(i64, usize)> = None;
+            for &u in hosts {
+                if u == target {
+                    continue;
+                }
+                let slack = self.free(c, u, r) - taken.get(&u).copied().unwrap_or(0) - gpus;
+                if slack < 0 || to.is_some_and(|(best, _)| slack >= best) {
+                    continue;
+                }
+                let n = &c.nodes[u];
+                if fit::selects(qv.pod, n.name, n.labels) && fit::tolerates_all(qv.pod, &n.taints) {
+                    to = Some((slack, u));
+                    if slack == 0 {
+                        break;
+                    }
+                }
+            }
+            let (_, to) = to?;
             *taken.entry(to).or_default() += gpus;
             moves.push(Move { pod: q, to, gpus });
         }

@@ -72,11 +72,11 @@ fn has_driver_label(n: &NodeView<'_>) -> bool {
 }
 
 /// A GPU node whose kubelet stopped reporting (Ready False/Unknown, or the lifecycle taints).
-fn not_ready(c: &Cluster<'_>, n: &NodeView<'_>) -> Option<Finding> {
+fn not_ready(_c: &Cluster<'_>, n: &NodeView<'_>) -> Option<Finding> {
     if n.not_ready().is_none() && !n.lifecycle_tainted() {
         return None;
     }
-    let why = n.unavailable(c.now()).unwrap_or_default();
+    let why = n.unavailable().unwrap_or_default().to_string();
     let mut f = Finding::new(
         Severity::Warning,
         Category::Node,
@@ -106,8 +106,9 @@ fn not_ready(c: &Cluster<'_>, n: &NodeView<'_>) -> Option<Finding> {
             "the taints lift by themselves when the kubelet reports again (do not remove them or \
              tolerate them): check the node (kubectl describe node {0}: conditions and last heartbeat); \
              on it: systemctl status kubelet, journalctl -u kubelet, the container runtime, its network \
-             to the API server; a node that stays down: kubectl drain {0} --ignore-daemonsets and replace it",
-            n.name
+             to the API server; a node that stays down: {1} and replace it",
+            n.name,
+            n.drain()
         ))
         .command(format!("kubectl describe node {}", n.name)),
     )
@@ -193,7 +194,18 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
         ));
     }
     f = f.command(format!("kubectl describe node {}", n.name));
-    let fix = if capacity > 0 {
+    let fix = if mig_state == Some("failed") {
+        f.title = format!(
+            "GPU node {} has no allocatable GPUs: applying its MIG config failed",
+            n.name
+        );
+        f = f.evidence(format!("{MIG_CONFIG_STATE}=failed"));
+        f.commands
+            .retain(|c| c.starts_with("kubectl describe node"));
+        "the MIG change failed before the device plugin advertised the new layout: see the MIG finding \
+         (mig-config-failed) for why and how to retry"
+            .to_string()
+    } else if capacity > 0 {
         f.title = format!(
             "GPU node {} has {capacity} GPU devices, all unhealthy",
             n.name
@@ -222,7 +234,10 @@ fn zero_allocatable(n: &NodeView<'_>) -> Option<Finding> {
              restarting the agent pod re-registers it; the kubelet's device-plugins directory must be mounted"
         )
     };
-    Some(f.fix(fix))
+    Some(f.fix(format!(
+        "{fix}; the node's state: kubectl describe node {}",
+        n.name
+    )))
 }
 
 fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
@@ -236,18 +251,27 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
                 Severity::Critical,
                 Category::Node,
                 "driver-below-model-minimum",
-                format!("Node {}: driver {full} is older than {} needs", n.name, m.key),
+                format!(
+                    "Node {}: driver {full} is older than {} needs",
+                    n.name, m.key
+                ),
             )
             .object(ObjectRef::node(n.name))
-            .evidence(format!("{from}={}; {} needs driver R{} or newer", n.label(from).unwrap_or(""), m.key, m.min_driver_major))
+            .evidence(format!(
+                "{from}={}; {} needs driver R{} or newer",
+                n.label(from).unwrap_or(""),
+                m.key,
+                m.min_driver_major
+            ))
             .evidence(format!("driver {full}"))
             .fix(format!(
-                "upgrade the NVIDIA driver on {} to R{} or newer (drain first: kubectl drain {} --ignore-daemonsets)",
+                "upgrade the NVIDIA driver on {} to R{} or newer (drain first: {}{})",
                 n.name,
                 m.min_driver_major.max(o.min_driver_major),
-                n.name
+                n.drain(),
+                n.drain_note()
             ))
-            .command(format!("kubectl drain {} --ignore-daemonsets", n.name)),
+            .command(n.drain()),
         );
     }
     (major < o.min_driver_major).then(|| {
@@ -261,10 +285,10 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
         .evidence(format!("{from}={}", n.label(from).unwrap_or("")))
         .evidence(format!("driver {full}"))
         .fix(format!(
-            "upgrade to a supported branch (R{} or newer): kubectl drain {} --ignore-daemonsets, install the driver, reboot, kubectl uncordon {}",
-            o.min_driver_major, n.name, n.name
+            "upgrade to a supported branch (R{} or newer): {}{}, install the driver, reboot, kubectl uncordon {}",
+            o.min_driver_major, n.drain(), n.drain_note(), n.name
         ))
-        .command(format!("kubectl drain {} --ignore-daemonsets", n.name))
+        .command(n.drain())
         .command(format!("kubectl uncordon {}", n.name))
     })
 }

@@ -41,6 +41,8 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
         gpu_nodes: &gpu_nodes,
         configs: &mut configs,
         ledger: &mut ledger,
+        shapes: std::collections::HashMap::new(),
+        mismatches: std::collections::HashMap::new(),
         waiting: &waiting,
     };
     pending
@@ -49,12 +51,96 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
         .collect()
 }
 
+/// The nodes (indexes into `Cluster::nodes`) a pod shape can use, at each step of the diagnosis.
+struct Shape {
+    /// Picked by the constraints, could serve the GPUs, but down.
+    down: Vec<usize>,
+    /// GPU resources some node that is up offers.
+    offered_up: std::collections::BTreeSet<String>,
+    /// Offer every GPU resource the pod asks for.
+    offering: Vec<usize>,
+    /// ... and match its nodeSelector / required affinity.
+    selected: Vec<usize>,
+    /// ... and are up.
+    up: Vec<usize>,
+    /// ... and carry no taint it does not tolerate.
+    tolerated: Vec<usize>,
+    /// Up, with an untolerated taint, and room for the GPUs.
+    tainted_with_room: Vec<usize>,
+}
+
+impl Shape {
+    fn of(c: &Cluster<'_>, p: &PodView<'_>) -> Shape {
+        let mut s = Shape {
+            down: Vec::new(),
+            offered_up: std::collections::BTreeSet::new(),
+            offering: Vec::new(),
+            selected: Vec::new(),
+            up: Vec::new(),
+            tolerated: Vec::new(),
+            tainted_with_room: Vec::new(),
+        };
+        for (i, n) in c.nodes.iter().enumerate().filter(|(_, n)| n.is_gpu) {
+            let is_up = n.unavailable().is_none();
+            if is_up {
+                for r in p.gpus.keys() {
+                    if n.offers(r) {
+                        s.offered_up.insert(r.clone());
+                    }
+                }
+            }
+            let selects = fit::selects(p.pod, n.name, n.labels);
+            if selects && !is_up && could_serve(n, p) {
+                s.down.push(i);
+            }
+            if !p.gpus.keys().all(|r| n.offers(r)) {
+                continue;
+            }
+            s.offering.push(i);
+            if !selects {
+                continue;
+            }
+            s.selected.push(i);
+            if !is_up {
+                continue;
+            }
+            s.up.push(i);
+            if fit::tolerates_all(p.pod, &n.taints) {
+                s.tolerated.push(i);
+            } else if p.gpus.iter().all(|(r, need)| n.free(r) >= *need) {
+                s.tainted_with_room.push(i);
+            }
+        }
+        s
+    }
+}
+
+/// What the node lists depend on: the pod's GPUs, node selector, required affinity, tolerations.
+fn shape_key(p: &PodView<'_>) -> String {
+    let spec = p.pod.spec.as_ref();
+    serde_json::to_string(&(
+        &p.gpus,
+        spec.and_then(|s| s.node_selector.as_ref()),
+        spec.and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            }),
+        spec.and_then(|s| s.tolerations.as_ref()),
+    ))
+    .unwrap_or_default()
+}
+
 struct Ctx<'c, 'a> {
     c: &'c Cluster<'a>,
     o: &'c Options,
     gpu_nodes: &'c [&'c NodeView<'a>],
     configs: &'c mut Option<MigPartedConfig>,
     ledger: &'c mut Ledger,
+    shapes: std::collections::HashMap<String, Shape>,
+    /// Mismatch findings per shape, with the pod named in the first one.
+    mismatches: std::collections::HashMap<String, (String, Finding)>,
     /// Per resource: pending pods asking for it, and how many they ask for together.
     waiting: &'c BTreeMap<String, (usize, i64)>,
 }
@@ -117,14 +203,37 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
     let said = scheduler_says(c, p);
     let want = resources::describe(&p.gpus);
     let who = format!("{}/{}", p.namespace, p.name);
+    // The node lists depend only on the pod's shape (GPUs, selectors, tolerations): pods of one
+    // Job or Deployment share them.
+    let key = shape_key(p);
+    if !x.shapes.contains_key(&key) {
+        let shape = Shape::of(c, p);
+        x.shapes.insert(key.clone(), shape);
+    }
+    let shape = &x.shapes[&key];
+    let nodes = |ix: &[usize]| -> Vec<&NodeView<'_>> { ix.iter().map(|&i| &c.nodes[i]).collect() };
     // GPU nodes the pod's constraints pick that are down (NotReady, no plugin, MIG failed...).
-    let down: Vec<(&NodeView<'_>, String)> = gpu_nodes
+    let down: Vec<(&NodeView<'_>, String)> = shape
+        .down
         .iter()
-        .copied()
-        .filter(|n| fit::selects(p.pod, n.name, n.labels) && could_serve(n, p))
-        .filter_map(|n| n.unavailable(c.now()).map(|why| (n, why)))
+        .map(|&i| {
+            let n = &c.nodes[i];
+            (n, n.unavailable().unwrap_or_default().to_string())
+        })
         .collect();
-    let is_up = |n: &&NodeView<'_>| n.unavailable(c.now()).is_none();
+    let offering_empty = shape.offering.is_empty();
+    let up = nodes(&shape.up);
+    let tolerated = nodes(&shape.tolerated);
+    let tainted_with_room = nodes(&shape.tainted_with_room);
+    let offered_up = shape.offered_up.clone();
+
+    // A resource mismatch depends on the shape only: build it once, then name each pod.
+    if let Some((first, f)) = x.mismatches.get(&key) {
+        let mut f = f.clone();
+        f.title = f.title.replace(first.as_str(), &who);
+        f.objects[0] = ObjectRef::pod(p.namespace, p.name);
+        return Some(with_scheduler(f, &said));
+    }
 
     // 1. The nodes the pod's constraints pick offer other GPU resources (a MIG pool asked for whole
     // GPUs, a shared pool asked for several replicas...).
@@ -154,13 +263,14 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
                     list_some(picked.iter().map(|n| n.name), LISTED)
                 ),
             );
+            x.mismatches.insert(key, (who, f.clone()));
             return Some(with_scheduler(f, &said));
         }
     }
 
     // 2. A resource no node offers at all (unless nodes that would are down).
     for (r, n) in &p.gpus {
-        if !gpu_nodes.iter().any(|node| node.offers(r) && is_up(node)) {
+        if !offered_up.contains(r) {
             if !down.is_empty() {
                 return Some(with_scheduler(unavailable(c, p, &down, None), &said));
             }
@@ -168,15 +278,11 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
                 .configs
                 .get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
             let f = mismatch(p, r, *n, gpu_nodes, configs);
+            x.mismatches.insert(key, (who, f.clone()));
             return Some(with_scheduler(f, &said));
         }
     }
-    let offering: Vec<&NodeView<'_>> = gpu_nodes
-        .iter()
-        .copied()
-        .filter(|node| p.gpus.keys().all(|r| node.offers(r)))
-        .collect();
-    if offering.is_empty() {
+    if offering_empty {
         let f = base(
             Severity::Critical,
             "resource-mismatch",
@@ -189,16 +295,11 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
     }
 
     // 3. nodeSelector / required node affinity, then the nodes that are up.
-    let selected: Vec<&NodeView<'_>> = offering
-        .iter()
-        .copied()
-        .filter(|n| fit::selects(p.pod, n.name, n.labels))
-        .collect();
-    let up: Vec<&NodeView<'_>> = selected.iter().copied().filter(is_up).collect();
     if up.is_empty() {
         if !down.is_empty() {
             return Some(with_scheduler(unavailable(c, p, &down, None), &said));
         }
+        let offering = nodes(&shape.offering);
         return Some(with_scheduler(
             selector_mismatch(p, &offering, &want),
             &said,
@@ -207,16 +308,6 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
 
     // 4. Taints.
     let has_room = |n: &NodeView<'_>| p.gpus.iter().all(|(r, need)| n.free(r) >= *need);
-    let tolerated: Vec<&NodeView<'_>> = up
-        .iter()
-        .copied()
-        .filter(|n| fit::untolerated(p.pod, &n.taints).is_empty())
-        .collect();
-    let tainted_with_room: Vec<&NodeView<'_>> = up
-        .iter()
-        .copied()
-        .filter(|n| !fit::untolerated(p.pod, &n.taints).is_empty() && has_room(n))
-        .collect();
     if tolerated.is_empty()
         || (!tolerated.iter().any(|n| has_room(n)) && !tainted_with_room.is_empty())
     {
@@ -332,12 +423,17 @@ fn unavailable(
     for (n, _) in down.iter().take(LISTED) {
         f = f.object(ObjectRef::node(n.name));
     }
-    let first = down.first().map_or("NODE", |(n, _)| n.name);
+    let describes = down
+        .iter()
+        .take(LISTED)
+        .map(|(n, _)| format!("kubectl describe node {}", n.name))
+        .collect::<Vec<_>>()
+        .join(", ");
     let mut fix = if all_not_ready {
         format!(
             "do not add tolerations or remove the node.kubernetes.io taints: the node lifecycle \
              controller set them because the kubelet stopped reporting, and the pod schedules by \
-             itself when the node{} {} Ready again. Check why: kubectl describe node {first} \
+             itself when the node{} {} Ready again. Check why: {describes} \
              (conditions, last heartbeat); on the node: systemctl status kubelet, journalctl -u \
              kubelet, its network to the API server, disk and memory pressure",
             if down.len() == 1 { "" } else { "s" },
@@ -345,8 +441,8 @@ fn unavailable(
         )
     } else {
         format!(
-            "repair these nodes first (see their node, MIG and health findings: kubectl describe \
-             node {first}); the pod fits once they are back, so adding nodes is not the fix"
+            "repair these nodes first (see their node, MIG and health findings: {describes}); the \
+             pod fits once they are back, so adding nodes is not the fix"
         )
     };
     let _ = c;
@@ -517,16 +613,26 @@ fn fits_anyway(
 }
 
 fn free_list(nodes: &[&NodeView<'_>], r: &str) -> String {
-    let mut v: Vec<(&str, i64, i64)> = nodes
+    let mut v: Vec<(std::cmp::Reverse<i64>, &str, i64)> = nodes
         .iter()
-        .map(|n| (n.name, n.free(r), n.allocatable_of(r)))
+        .map(|n| (std::cmp::Reverse(n.free(r)), n.name, n.allocatable_of(r)))
         .collect();
-    v.sort_by_key(|(name, free, _)| (std::cmp::Reverse(*free), *name));
-    list_some(
-        v.iter()
-            .map(|(name, free, alloc)| format!("{name} {free}/{alloc} free")),
-        LISTED,
-    )
+    let total = v.len();
+    // The LISTED roomiest, without sorting thousands of nodes.
+    if v.len() > LISTED {
+        v.select_nth_unstable(LISTED);
+        v.truncate(LISTED);
+    }
+    v.sort_unstable();
+    let mut text = v
+        .iter()
+        .map(|(free, name, alloc)| format!("{name} {}/{alloc} free", free.0))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if total > LISTED {
+        text.push_str(&format!(" and {} more", total - LISTED));
+    }
+    text
 }
 
 const PACK_HINT: &str = "pack small GPU pods so whole nodes stay free: score GPU nodes MostAllocated \
@@ -601,19 +707,12 @@ fn fragmentation(
                 cmds.push(format!("kubectl -n {} delete pod {}", q.namespace, q.name));
             }
             f = f.fix(format!(
-                "make room on {}: delete {} so their controllers recreate them (each fits on another \
+                "make room on {}: {} (their controllers recreate them, and each fits on another \
                  node: {}); {who} then fits on {}. Until pods are packed the scheduler may put a \
                  recreated pod back there: give {who} a higher priorityClassName so it preempts instead. \
                  Lasting fix: {PACK_HINT}",
                 t.name,
-                moves
-                    .iter()
-                    .map(|m| {
-                        let q = &c.gpu_pods[m.pod];
-                        format!("{}/{}", q.namespace, q.name)
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                cmds.join("; "),
                 text.join(", "),
                 t.name
             ));
@@ -1262,6 +1361,7 @@ mod tests {
         label(&mut noplugin, "nvidia.com/gpu.present", "true");
         label(&mut noplugin, "nvidia.com/gpu.count", "8");
         let mut migfail = gpu_node("mf-1", "nvidia.com/gpu", 8);
+        set_resource(&mut migfail, "nvidia.com/gpu", 8, 0);
         label(&mut migfail, "nvidia.com/mig.config", "all-1g.10gb");
         label(&mut migfail, "nvidia.com/mig.config.state", "failed");
         let mut down = gpu_node("nr-1", "nvidia.com/gpu", 8);
@@ -1290,7 +1390,7 @@ mod tests {
         let e = &got.evidence[1];
         assert!(
             e.contains("np-1 (no device plugin registered")
-                && e.contains("mf-1 (MIG config all-1g.10gb failed)")
+                && e.contains("mf-1 (MIG config all-1g.10gb failed, no GPU allocatable)")
                 && e.contains("nr-1 (NotReady for 2m (Ready=False KubeletNotReady"),
             "{e}"
         );

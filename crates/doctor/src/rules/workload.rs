@@ -10,11 +10,13 @@ const MAX_ONE: &str = "maximum request size for shared resources is 1";
 
 pub(super) fn check(c: &Cluster<'_>, _o: &Options) -> Vec<Finding> {
     let mut out = Vec::new();
+    // Per resource: the GPU nodes offering it (what decides for an unbound pod), found once.
+    let mut offering: Offering<'_, '_> = std::collections::HashMap::new();
     for p in &c.gpu_pods {
         if let Some(f) = request_without_limit(p) {
             out.push(f);
         }
-        if let Some(f) = shared_over_one(c, p) {
+        if let Some(f) = shared_over_one(c, p, &mut offering) {
             out.push(f);
         }
     }
@@ -230,7 +232,14 @@ fn quota_exceeded(c: &Cluster<'_>) -> Vec<Finding> {
     out
 }
 
-fn shared_over_one(c: &Cluster<'_>, p: &PodView<'_>) -> Option<Finding> {
+/// Per resource: whether every GPU node offering it shares it, and those nodes.
+type Offering<'c, 'a> = std::collections::HashMap<String, (bool, Vec<&'c NodeView<'a>>)>;
+
+fn shared_over_one<'c, 'a>(
+    c: &'c Cluster<'a>,
+    p: &PodView<'_>,
+    offering: &mut Offering<'c, 'a>,
+) -> Option<Finding> {
     for (r, n) in &p.gpus {
         if *n <= 1 {
             continue;
@@ -238,7 +247,18 @@ fn shared_over_one(c: &Cluster<'_>, p: &PodView<'_>) -> Option<Finding> {
         // The nodes that decide: the one it is bound to, else every node offering the resource.
         let nodes: Vec<&NodeView<'_>> = match p.node.and_then(|n| c.node(n)) {
             Some(node) => vec![node],
-            None => c.gpu_nodes().filter(|node| node.offers(r)).collect(),
+            None => {
+                let (all_shared, list) = offering.entry(r.clone()).or_insert_with(|| {
+                    let list: Vec<&NodeView<'_>> =
+                        c.gpu_nodes().filter(|node| node.offers(r)).collect();
+                    let all = !list.is_empty() && list.iter().all(|node| node.is_shared(r));
+                    (all, list)
+                });
+                if !*all_shared {
+                    continue;
+                }
+                list.clone()
+            }
         };
         if nodes.is_empty() || !nodes.iter().all(|node| node.is_shared(r)) {
             continue;

@@ -2,7 +2,7 @@
 //! driver, MIG, health, OOM and cost problems with evidence and a fix.
 
 mod http;
-mod read;
+pub mod read;
 pub mod sources;
 
 use crate::output::{self, Format};
@@ -28,7 +28,9 @@ pub const EXIT_CRITICAL: u8 = 2;
 ///   kubectl gpu doctor -n ml                   as a kubectl plugin, one namespace
 ///   gpuops doctor --node gpu-node-7            one node and the pods on it
 ///   gpuops doctor --prometheus http://localhost:9090     + XIDs, idle GPUs (1h average)
+///   gpuops doctor --prometheus https://prom.example --prometheus-token-file /var/run/token
 ///   gpuops doctor --metrics-from agents        + the agents' metrics, via the API server
+///   gpuops doctor --context prod --gpu-hour-price 2.5     idle GPUs in money too
 ///   gpuops doctor -o json | jq '.findings[] | select(.severity=="critical")'
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
@@ -39,9 +41,15 @@ pub struct Args {
     /// Only findings about this namespace (its pods, and nodes running them).
     #[arg(short, long)]
     namespace: Option<String>,
-    /// Only findings about this node and the pods on it.
+    /// Only findings about this node and the pods on it (reads only that node, its pool and its pods).
     #[arg(long)]
     node: Option<String>,
+    #[command(flatten)]
+    kube: read::KubeArgs,
+    /// Price of one GPU-hour for the cost findings (a node's gpuops.io/gpu-hour-price annotation
+    /// or label wins).
+    #[arg(long, value_name = "PRICE", value_parser = parse_price)]
+    gpu_hour_price: Option<f64>,
     #[command(flatten)]
     metrics: sources::MetricsArgs,
     /// Read the logs of at most this many crashed/restarted GPU containers (0: none).
@@ -62,6 +70,13 @@ pub struct Args {
     /// Allocated GPUs below 5% utilization for this long are reported idle.
     #[arg(long, default_value = "1h", value_parser = super::parse_duration, value_name = "DURATION")]
     idle_after: Duration,
+}
+
+fn parse_price(s: &str) -> Result<f64, String> {
+    match s.trim().trim_start_matches('$').parse::<f64>() {
+        Ok(p) if p.is_finite() && p >= 0.0 => Ok(p),
+        _ => Err(format!("{s:?} is not a price like 2.5")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -90,6 +105,8 @@ struct Summary<'a> {
     read_ms: u128,
     diagnose_ms: u128,
     sources: &'a [String],
+    /// Sources that could not be read (flag or object, and why); the findings use the rest.
+    unread: &'a [String],
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -99,7 +116,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let started = Instant::now();
-    let (snapshot, from) = runtime.block_on(read(&args))?;
+    let (snapshot, from, unread) = runtime.block_on(read(&args))?;
     let read_ms = started.elapsed().as_millis();
     let options = Options {
         namespace: args.namespace.clone(),
@@ -107,6 +124,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         pending_grace: args.pending_grace,
         mig_stuck_after: args.mig_stuck_after,
         idle_after: args.idle_after,
+        gpu_hour_price: args.gpu_hour_price,
         ..Options::default()
     };
     let t = Instant::now();
@@ -125,6 +143,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         read_ms,
         diagnose_ms,
         sources: &from,
+        unread: &unread,
     };
     match output::structured(
         &Json {
@@ -162,6 +181,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 header.push_str(&format!(", {f}"));
             }
             header.push_str(&format!(" in {read_ms} ms; diagnosed in {diagnose_ms} ms"));
+            for u in &unread {
+                header.push_str(&format!("\ncould not read {u}"));
+            }
             if !args.metrics.any() {
                 header.push_str("\n(no metrics: add --prometheus URL or --metrics-from agents for XIDs, memory and idle GPUs)");
             }
@@ -175,16 +197,24 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })
 }
 
-async fn read(args: &Args) -> Result<(Snapshot, Vec<String>)> {
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to Kubernetes (KUBECONFIG, ~/.kube/config or in-cluster)")?;
-    let (nodes, pods, events) = read::cluster(&client).await?;
+async fn read(args: &Args) -> Result<(Snapshot, Vec<String>, Vec<String>)> {
+    let client = read::client(&args.kube).await?;
+    let cluster = read::cluster(&client, args.namespace.as_deref(), args.node.as_deref()).await?;
     let mut from = Vec::new();
+    let mut unread = cluster.unread;
     let logs = if args.logs > 0 {
-        let l = read::logs(&client, &pods, args.logs, args.log_lines).await;
+        let (l, failed) = read::logs(&client, &cluster.pods, args.logs, args.log_lines).await;
         if !l.is_empty() {
             from.push(format!("{} container logs", l.len()));
+        }
+        if !failed.is_empty() {
+            // Once, with the reasons: a finding that needs a log may be missing because of it.
+            unread.push(format!(
+                "the logs of {} container{}: {}",
+                failed.len(),
+                if failed.len() == 1 { "" } else { "s" },
+                failed.join("; ")
+            ));
         }
         l
     } else {
@@ -192,20 +222,20 @@ async fn read(args: &Args) -> Result<(Snapshot, Vec<String>)> {
     };
     let metrics = sources::collect(&args.metrics, Some(&client), Some(args.idle_after)).await?;
     from.extend(metrics.from);
+    unread.extend(metrics.unread);
     Ok((
         Snapshot {
-            nodes,
-            pods,
-            events,
+            nodes: cluster.nodes,
+            pods: cluster.pods,
+            events: cluster.events,
             metrics: metrics.samples,
             utilization_window: metrics.utilization_window,
             logs,
-            // Main's doctor crate has these fields and this file not yet (a merge in flight):
-            // the defaults of `Snapshot::at` until the doctor engineer's version lands.
-            quotas: Vec::new(),
-            all_pods: true,
+            quotas: cluster.quotas,
+            all_pods: cluster.all_pods,
             now: Timestamp::now(),
         },
         from,
+        unread,
     ))
 }

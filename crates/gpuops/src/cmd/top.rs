@@ -1,6 +1,7 @@
 //! `gpuops top nodes|gpus|pods`: allocation and live use per node, GPU, MIG instance and pod, from
 //! the agents' metrics or Prometheus.
 
+use super::doctor::read::{self, KubeArgs};
 use super::doctor::sources::{self, MetricsArgs, MetricsFrom};
 use crate::output::{self, Format};
 use anyhow::{Context, Result, bail};
@@ -13,7 +14,8 @@ use std::process::ExitCode;
 ///   gpuops top nodes --prometheus http://localhost:9090
 ///   gpuops top gpus  --metrics http://gpu-node-1:9400/metrics
 ///   kubectl gpu top pods --metrics-from agents        (through the API server)
-///   gpuops top pods --prometheus http://prom:9090 -o json
+///   gpuops top pods --prometheus http://prom:9090 -n ml -o json
+///   kubectl gpu top nodes --metrics-from agents --context prod
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
@@ -22,6 +24,14 @@ pub struct Args {
     what: What,
     #[command(flatten)]
     metrics: MetricsArgs,
+    #[command(flatten)]
+    kube: KubeArgs,
+    /// `top pods`: only this namespace's pods.
+    #[arg(short, long, value_name = "NAMESPACE")]
+    namespace: Option<String>,
+    /// `top pods`: every namespace (the default; kubectl's spelling).
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    all_namespaces: bool,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Format::Table)]
     output: Format,
@@ -61,16 +71,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .context("starting the async runtime")?;
     let collected = runtime.block_on(async {
         let client = if args.metrics.metrics_from == Some(MetricsFrom::Agents) {
-            Some(
-                kube::Client::try_default()
-                    .await
-                    .context("connecting to Kubernetes")?,
-            )
+            Some(read::client(&args.kube).await?)
         } else {
             None
         };
         sources::collect(&args.metrics, client.as_ref(), None).await
     })?;
+    for u in &collected.unread {
+        eprintln!("could not read {u}");
+    }
+    if collected.samples.is_empty() && !collected.unread.is_empty() && collected.from.is_empty() {
+        bail!("no metric source could be read");
+    }
     let samples = &collected.samples;
     let text = match args.what {
         What::Nodes => {
@@ -134,7 +146,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             })
         }
         What::Pods => {
-            let rows = top::pods(samples);
+            let mut rows = top::pods(samples);
+            if let Some(ns) = &args.namespace {
+                rows.retain(|r| &r.namespace == ns);
+            }
+            let _ = args.all_namespaces;
             output::structured(&rows, args.output)?.unwrap_or_else(|| {
                 let mut t = output::table(&[
                     "NAMESPACE",

@@ -1,93 +1,163 @@
-//! A plain-HTTP GET for Prometheus and agent `/metrics` URLs (no TLS: port-forward or in-cluster).
+//! HTTP(S) GETs for Prometheus and agent `/metrics` URLs through reqwest (rustls): chunked and
+//! compressed bodies, HTTP/1.1 and 2, a bearer token or basic auth for a Prometheus behind a proxy.
 
 use anyhow::{Context, Result, bail};
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 
-/// `http://host[:port]/path?query` -> (host:port, host, path?query).
-fn split_url(url: &str) -> Result<(String, String, String)> {
-    let Some(rest) = url.strip_prefix("http://") else {
-        bail!(
-            "{url}: only http:// URLs are supported (for https use `kubectl port-forward` to a local port)"
-        );
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    if authority.is_empty() {
-        bail!("{url}: no host");
-    }
-    let addr = if authority.contains(':') {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
-    };
-    let host = authority.split(':').next().unwrap_or(authority).to_string();
-    Ok((addr, host, path.to_string()))
+/// How to authenticate to Prometheus (and to the `--metrics` URLs, which share the flags).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct HttpArgs {
+    /// Bearer token for --prometheus (e.g. a service account token behind an auth proxy).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "GPUOPS_PROMETHEUS_TOKEN",
+        hide_env_values = true
+    )]
+    pub prometheus_token: Option<String>,
+    /// File holding the bearer token (re-read each run; what a mounted secret gives).
+    #[arg(long, value_name = "FILE", conflicts_with = "prometheus_token")]
+    pub prometheus_token_file: Option<PathBuf>,
+    /// Basic auth for --prometheus as USER:PASSWORD (or put user:password@ in the URL).
+    #[arg(
+        long,
+        value_name = "USER:PASSWORD",
+        env = "GPUOPS_PROMETHEUS_BASIC_AUTH",
+        hide_env_values = true
+    )]
+    pub prometheus_basic_auth: Option<String>,
+    /// Extra CA certificate (PEM) to trust for https:// URLs.
+    #[arg(long, value_name = "FILE")]
+    pub prometheus_ca: Option<PathBuf>,
 }
 
-/// GETs `url` and returns the body of a 200 answer.
-pub fn get(url: &str) -> Result<String> {
-    let (addr, host, path) = split_url(url)?;
-    let sock = addr
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {addr}"))?
-        .next()
-        .with_context(|| format!("{addr} resolves to nothing"))?;
-    let mut stream = TcpStream::connect_timeout(&sock, TIMEOUT)
-        .with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(TIMEOUT))?;
-    stream.set_write_timeout(Some(TIMEOUT))?;
-    // HTTP/1.0: the server closes the connection after the body, and does not chunk it.
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: */*\r\nUser-Agent: gpuops\r\n\r\n"
-    )
-    .with_context(|| format!("writing to {addr}"))?;
-    let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .with_context(|| format!("reading from {addr}"))?;
-    let text = String::from_utf8_lossy(&raw);
-    let Some((head, body)) = text.split_once("\r\n\r\n") else {
-        bail!("{url}: not an HTTP answer");
-    };
-    let status = head.lines().next().unwrap_or("");
-    let code = status.split_whitespace().nth(1).unwrap_or("");
-    if code != "200" {
-        bail!(
-            "{url}: {status}: {}",
-            body.chars().take(300).collect::<String>()
-        );
-    }
-    let chunked = head.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
-    });
-    Ok(if chunked {
-        dechunk(body)
-    } else {
-        body.to_string()
-    })
+/// How a request authenticates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Auth {
+    None,
+    Bearer(String),
+    Basic(String, Option<String>),
 }
 
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
+/// A client for one source: the TLS setup and the credentials.
+#[derive(Debug, Clone)]
+pub struct Http {
+    client: reqwest::Client,
+    auth: Auth,
+}
+
+impl Http {
+    /// Credentials from the flags apply to the Prometheus URL; the agents' URLs get none.
+    pub fn new(args: &HttpArgs, with_auth: bool) -> Result<Http> {
+        let mut b = reqwest::Client::builder()
+            .timeout(TIMEOUT)
+            .connect_timeout(TIMEOUT)
+            .user_agent(concat!("gpuops/", env!("CARGO_PKG_VERSION")));
+        if let Some(ca) = &args.prometheus_ca {
+            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+            let cert = reqwest::Certificate::from_pem(&pem)
+                .with_context(|| format!("{}: not a PEM certificate", ca.display()))?;
+            b = b.add_root_certificate(cert);
         }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
+        let client = b.build().context("setting up the HTTP client")?;
+        let auth = if !with_auth {
+            Auth::None
+        } else if let Some(t) = &args.prometheus_token {
+            Auth::Bearer(t.trim().to_string())
+        } else if let Some(f) = &args.prometheus_token_file {
+            let t = std::fs::read_to_string(f)
+                .with_context(|| format!("--prometheus-token-file {}", f.display()))?;
+            Auth::Bearer(t.trim().to_string())
+        } else if let Some(up) = &args.prometheus_basic_auth {
+            let (u, p) = match up.split_once(':') {
+                Some((u, p)) => (u.to_string(), Some(p.to_string())),
+                None => (up.clone(), None),
+            };
+            Auth::Basic(u, p)
+        } else {
+            Auth::None
+        };
+        Ok(Http { client, auth })
+    }
+
+    /// GETs `url` and returns the body of a 2xx answer as text (decoded whole, so a chunk
+    /// boundary inside a UTF-8 character is no problem).
+    pub async fn get(&self, url: &str) -> Result<String> {
+        let mut parsed = reqwest::Url::parse(url).with_context(|| format!("{url}: not a URL"))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            bail!("{url}: only http:// and https:// URLs are supported");
+        }
+        // Credentials in the URL become basic auth, and never appear in messages.
+        let mut auth = self.auth.clone();
+        if !parsed.username().is_empty() {
+            auth = Auth::Basic(decode(parsed.username()), parsed.password().map(decode));
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+        }
+        let shown = parsed.to_string();
+        let mut req = self.client.get(parsed);
+        req = match auth {
+            Auth::None => req,
+            Auth::Bearer(t) => req.bearer_auth(t),
+            Auth::Basic(u, p) => req.basic_auth(u, p),
+        };
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("{shown}: {}", chain(&e)))?;
+        let status = resp.status();
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| anyhow::anyhow!("{shown}: reading the answer: {}", chain(&e)))?;
+        if !status.is_success() {
+            bail!(
+                "{shown}: HTTP {status}: {}",
+                body.chars().take(300).collect::<String>().trim()
+            );
+        }
+        Ok(body)
+    }
+}
+
+/// An error with its causes (`connection refused` is usually a source of a source).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let t = s.to_string();
+        if !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        cur = s.source();
     }
     out
+}
+
+/// Undoes the URL's percent-encoding of a user name or password.
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Some(b) = std::str::from_utf8(&bytes[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Percent-encodes a query parameter value.
@@ -105,57 +175,142 @@ pub fn encode(value: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use std::io::{Read, Write};
+
+    /// A one-shot HTTP/1.1 server: answers `response` and hands back the request's head.
+    fn serve_once(response: Vec<u8>) -> (String, std::thread::JoinHandle<String>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let h = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "request cut short");
+                got.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(&response).unwrap();
+            String::from_utf8_lossy(&got).into_owned()
+        });
+        (url, h)
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
 
     #[test]
-    fn urls_and_encoding() {
-        let (addr, host, path) =
-            split_url("http://prom.monitoring:9090/api/v1/query?query=up").unwrap();
-        assert_eq!(
-            (addr.as_str(), host.as_str(), path.as_str()),
-            (
-                "prom.monitoring:9090",
-                "prom.monitoring",
-                "/api/v1/query?query=up"
-            )
+    fn a_chunked_answer_splitting_a_utf8_character() {
+        // "é" is C3 A9: the first chunk ends after C3.
+        let body = "gpu_info{name=\"Caf\u{e9}\"} 1\n".as_bytes().to_vec();
+        let cut = body.iter().position(|b| *b == 0xC3).unwrap() + 1;
+        let mut resp =
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+                .to_vec();
+        for part in [&body[..cut], &body[cut..]] {
+            resp.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+            resp.extend_from_slice(part);
+            resp.extend_from_slice(b"\r\n");
+        }
+        resp.extend_from_slice(b"0\r\n\r\n");
+        let (url, h) = serve_once(resp);
+        let http = Http::new(&HttpArgs::default(), false).unwrap();
+        let got = rt().block_on(http.get(&format!("{url}/metrics"))).unwrap();
+        assert_eq!(got, "gpu_info{name=\"Caf\u{e9}\"} 1\n");
+        let head = h.join().unwrap();
+        assert!(head.starts_with("GET /metrics HTTP/1.1\r\n"), "{head}");
+    }
+
+    #[test]
+    fn bearer_token_and_basic_auth() {
+        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nup 1\n".to_vec();
+        let (url, h) = serve_once(ok.clone());
+        let args = HttpArgs {
+            prometheus_token: Some("s3cret\n".into()),
+            ..HttpArgs::default()
+        };
+        let http = Http::new(&args, true).unwrap();
+        assert_eq!(rt().block_on(http.get(&url)).unwrap(), "up 1\n");
+        assert!(
+            h.join()
+                .unwrap()
+                .contains("authorization: Bearer s3cret\r\n"),
+            "the token, trimmed"
         );
-        assert_eq!(split_url("http://p").unwrap().0, "p:80");
-        assert!(split_url("https://p").is_err());
-        assert_eq!(
-            encode("a{b=~\"c|d\"}[1h]"),
-            "a%7Bb%3D~%22c%7Cd%22%7D%5B1h%5D"
+
+        let (url, h) = serve_once(ok.clone());
+        let args = HttpArgs {
+            prometheus_basic_auth: Some("prom:p@ss".into()),
+            ..HttpArgs::default()
+        };
+        let http = Http::new(&args, true).unwrap();
+        rt().block_on(http.get(&url)).unwrap();
+        // base64("prom:p@ss")
+        assert!(
+            h.join()
+                .unwrap()
+                .contains("authorization: Basic cHJvbTpwQHNz\r\n")
         );
-        assert_eq!(
-            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
-            "hello world"
+
+        // In the URL: basic auth, and the password is not in an error message.
+        let (url, h) =
+            serve_once(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 6\r\n\r\nno way".to_vec());
+        let with_user = url.replace("http://", "http://prom:hunter2@");
+        let http = Http::new(&HttpArgs::default(), true).unwrap();
+        let err = rt().block_on(http.get(&with_user)).unwrap_err().to_string();
+        assert!(
+            h.join()
+                .unwrap()
+                .contains("authorization: Basic cHJvbTpodW50ZXIy\r\n")
+        );
+        assert!(
+            err.contains("HTTP 401 Unauthorized: no way") && !err.contains("hunter2"),
+            "{err}"
+        );
+
+        // Without with_auth (an agent's URL) no credentials are sent.
+        let (url, h) = serve_once(ok);
+        let args = HttpArgs {
+            prometheus_token: Some("s3cret".into()),
+            ..HttpArgs::default()
+        };
+        rt().block_on(Http::new(&args, false).unwrap().get(&url))
+            .unwrap();
+        assert!(
+            !h.join()
+                .unwrap()
+                .to_ascii_lowercase()
+                .contains("authorization")
         );
     }
 
     #[test]
-    fn a_local_server_answers() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let server = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let mut got = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !got.ends_with(b"\r\n\r\n") {
-                let n = s.read(&mut buf).unwrap();
-                assert!(
-                    n > 0,
-                    "request cut short: {:?}",
-                    String::from_utf8_lossy(&got)
-                );
-                got.extend_from_slice(&buf[..n]);
-            }
-            assert!(String::from_utf8_lossy(&got).starts_with("GET /metrics HTTP/1.0"));
-            s.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nup 1\n")
-                .unwrap();
-        });
-        assert_eq!(
-            get(&format!("http://127.0.0.1:{port}/metrics")).unwrap(),
-            "up 1\n"
+    fn unreachable_and_bad_urls_say_which() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let http = Http::new(&HttpArgs::default(), false).unwrap();
+        let err = rt()
+            .block_on(http.get(&format!("http://127.0.0.1:{port}/metrics")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!("http://127.0.0.1:{port}/metrics: ")),
+            "{err}"
         );
-        server.join().unwrap();
+        assert!(rt().block_on(http.get("ftp://x/y")).is_err());
+        assert!(rt().block_on(http.get("not a url")).is_err());
+        assert_eq!(
+            encode("a{b=~\"c|d\"}[1h]"),
+            "a%7Bb%3D~%22c%7Cd%22%7D%5B1h%5D"
+        );
+        assert_eq!(decode("p%40ss"), "p@ss");
     }
 }

@@ -1,34 +1,81 @@
-//! Reading the cluster for the doctor: one paged list per kind, then logs of a few GPU pods.
+//! Reading the cluster for the doctor: one paged list per kind (narrowed by `--node` and
+//! `--namespace` where the rules allow), then logs of a few GPU pods.
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use gpuops_doctor::LogExcerpt;
 use gpuops_doctor::resources::pod_gpus;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, ResourceQuota};
 use kube::api::{ListParams, LogParams};
-use kube::{Api, Client};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
 use serde::de::DeserializeOwned;
+use std::collections::HashSet;
 use std::fmt::Debug;
+use std::path::PathBuf;
+use std::time::Duration;
 
 const PAGE: u32 = 500;
 
+/// Which cluster to talk to, as kubectl takes it.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct KubeArgs {
+    /// Path to the kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current-context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+/// The Kubernetes client for `doctor` and `top`. One small function so the workspace's shared
+/// client builder (gpuops-kube) can take its place.
+pub async fn client(args: &KubeArgs) -> Result<Client> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = match (&args.kubeconfig, &args.context) {
+        (Some(path), _) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        (None, Some(ctx)) => Config::from_kubeconfig(&options)
+            .await
+            .with_context(|| format!("--context {ctx}"))?,
+        (None, None) => Config::infer()
+            .await
+            .context("finding the cluster (KUBECONFIG, ~/.kube/config or in-cluster)")?,
+    };
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config.read_timeout = Some(Duration::from_secs(60));
+    Client::try_from(config).context("connecting to Kubernetes")
+}
+
 /// Every object of a kind, in pages of 500.
-pub async fn list_all<K>(api: Api<K>, what: &str) -> Result<Vec<K>>
+pub async fn list_all<K>(api: Api<K>, what: &str, lp: ListParams) -> Result<Vec<K>>
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug,
 {
     let mut out = Vec::new();
     let mut token: Option<String> = None;
     loop {
-        let mut lp = ListParams::default().limit(PAGE);
+        let mut page_lp = lp.clone().limit(PAGE);
         if let Some(t) = &token {
-            lp = lp.continue_token(t);
+            page_lp = page_lp.continue_token(t);
         }
         let page = api
-            .list(&lp)
+            .list(&page_lp)
             .await
             .with_context(|| format!("listing {what}"))?;
-        out.extend(page.items);
+        // managedFields are most of a real object's size and no rule reads them.
+        out.extend(page.items.into_iter().map(|mut item| {
+            item.meta_mut().managed_fields = None;
+            item
+        }));
         token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
             return Ok(out);
@@ -36,15 +83,177 @@ where
     }
 }
 
-/// Nodes, pods and events of the whole cluster (pods and events of every namespace: GPUs free on a
-/// node depend on every pod bound to it).
-pub async fn cluster(client: &Client) -> Result<(Vec<Node>, Vec<Pod>, Vec<Event>)> {
-    let (nodes, pods, events) = tokio::join!(
-        list_all(Api::<Node>::all(client.clone()), "nodes"),
-        list_all(Api::<Pod>::all(client.clone()), "pods"),
-        list_all(Api::<Event>::all(client.clone()), "events"),
-    );
-    Ok((nodes?, pods?, events?))
+/// What was read, and what could not be.
+pub struct Read {
+    pub nodes: Vec<Node>,
+    pub pods: Vec<Pod>,
+    pub events: Vec<Event>,
+    pub quotas: Vec<ResourceQuota>,
+    /// Every pod of the cluster was read (not so with `--node`).
+    pub all_pods: bool,
+    pub unread: Vec<String>,
+}
+
+/// Node labels that name a pool (the peers `--node` reads to compare drivers).
+const POOL_LABELS: &[&str] = &[
+    "cloud.google.com/gke-nodepool",
+    "eks.amazonaws.com/nodegroup",
+    "karpenter.sh/nodepool",
+    "kubernetes.azure.com/agentpool",
+    "agentpool",
+    "cluster.x-k8s.io/deployment-name",
+];
+
+/// The cluster as the rules need it.
+///
+/// - whole cluster: nodes, pods and events of every namespace (GPUs free on a node depend on every
+///   pod bound to it);
+/// - `--node N`: that node and its pool peers, the pods bound to it, and the events about them;
+/// - `--namespace NS`: every node, the namespace's pods plus the other namespaces' pods that still
+///   hold resources (finished ones are skipped), and only the namespace's and the nodes' events.
+pub async fn cluster(client: &Client, namespace: Option<&str>, node: Option<&str>) -> Result<Read> {
+    if let Some(node) = node {
+        return one_node(client, node).await;
+    }
+    let quota_api: Api<ResourceQuota> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (nodes, pods, events, quotas) = match namespace {
+        None => {
+            let (n, p, e, q) = tokio::join!(
+                list_all(
+                    Api::<Node>::all(client.clone()),
+                    "nodes",
+                    ListParams::default()
+                ),
+                list_all(
+                    Api::<Pod>::all(client.clone()),
+                    "pods",
+                    ListParams::default()
+                ),
+                list_all(
+                    Api::<Event>::all(client.clone()),
+                    "events",
+                    ListParams::default()
+                ),
+                list_all(quota_api, "resourcequotas", ListParams::default()),
+            );
+            (n?, p?, e?, q)
+        }
+        Some(ns) => {
+            let (n, mine, others, e, node_events, q) = tokio::join!(
+                list_all(
+                    Api::<Node>::all(client.clone()),
+                    "nodes",
+                    ListParams::default()
+                ),
+                list_all(
+                    Api::<Pod>::namespaced(client.clone(), ns),
+                    "pods",
+                    ListParams::default()
+                ),
+                list_all(
+                    Api::<Pod>::all(client.clone()),
+                    "pods",
+                    ListParams::default()
+                        .fields("status.phase!=Succeeded,status.phase!=Failed,spec.nodeName!=")
+                ),
+                list_all(
+                    Api::<Event>::namespaced(client.clone(), ns),
+                    "events",
+                    ListParams::default()
+                ),
+                list_all(
+                    Api::<Event>::all(client.clone()),
+                    "events",
+                    ListParams::default().fields("involvedObject.kind=Node")
+                ),
+                list_all(quota_api, "resourcequotas", ListParams::default()),
+            );
+            let mut pods = mine?;
+            let seen: HashSet<String> =
+                pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+            pods.extend(
+                others?
+                    .into_iter()
+                    .filter(|p| p.metadata.uid.as_ref().is_none_or(|u| !seen.contains(u))),
+            );
+            let mut events = e?;
+            events.extend(node_events?);
+            (n?, pods, events, q)
+        }
+    };
+    let mut unread = Vec::new();
+    let quotas = quotas.unwrap_or_else(|e| {
+        unread.push(format!("resourcequotas: {e:#}"));
+        Vec::new()
+    });
+    Ok(Read {
+        nodes,
+        pods,
+        events,
+        quotas,
+        all_pods: true,
+        unread,
+    })
+}
+
+async fn one_node(client: &Client, name: &str) -> Result<Read> {
+    let nodes_api = Api::<Node>::all(client.clone());
+    let node = nodes_api
+        .get(name)
+        .await
+        .with_context(|| format!("--node {name}"))?;
+    let pool = node.metadata.labels.as_ref().and_then(|l| {
+        POOL_LABELS
+            .iter()
+            .find_map(|k| l.get(*k).map(|v| format!("{k}={v}")))
+    });
+    let nodes = match pool {
+        Some(sel) => list_all(nodes_api, "nodes", ListParams::default().labels(&sel)).await?,
+        None => vec![node],
+    };
+    let pods = list_all(
+        Api::<Pod>::all(client.clone()),
+        "pods",
+        ListParams::default().fields(&format!("spec.nodeName={name}")),
+    )
+    .await?;
+    // Events about the node, then about each pod on it (8 requests at a time).
+    let mut wanted: Vec<(Option<String>, String, &'static str)> =
+        vec![(None, name.to_string(), "Node")];
+    for p in &pods {
+        if let (Some(ns), Some(n)) = (&p.metadata.namespace, &p.metadata.name) {
+            wanted.push((Some(ns.clone()), n.clone(), "Pod"));
+        }
+    }
+    let lists: Vec<Result<Vec<Event>>> = futures::stream::iter(wanted)
+        .map(|(ns, obj, kind)| {
+            let api: Api<Event> = match &ns {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            };
+            let lp = ListParams::default().fields(&format!(
+                "involvedObject.kind={kind},involvedObject.name={obj}"
+            ));
+            async move { list_all(api, "events", lp).await }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let mut events = Vec::new();
+    for l in lists {
+        events.extend(l?);
+    }
+    Ok(Read {
+        nodes,
+        pods,
+        events,
+        quotas: Vec::new(),
+        all_pods: false,
+        unread: Vec::new(),
+    })
 }
 
 /// Whether a GPU pod's containers crashed or restarted: worth reading its log.
@@ -73,8 +282,14 @@ fn troubled(p: &Pod) -> Vec<(String, bool)> {
         .collect()
 }
 
-/// The last `lines` of the logs of at most `limit` troubled GPU containers, 8 at a time.
-pub async fn logs(client: &Client, pods: &[Pod], limit: usize, lines: i64) -> Vec<LogExcerpt> {
+/// The last `lines` of the logs of at most `limit` troubled GPU containers, 8 at a time; and the
+/// containers whose log could not be read, with why.
+pub async fn logs(
+    client: &Client,
+    pods: &[Pod],
+    limit: usize,
+    lines: i64,
+) -> (Vec<LogExcerpt>, Vec<String>) {
     let wanted: Vec<(String, String, String, bool)> = pods
         .iter()
         .flat_map(|p| {
@@ -86,7 +301,7 @@ pub async fn logs(client: &Client, pods: &[Pod], limit: usize, lines: i64) -> Ve
         })
         .take(limit)
         .collect();
-    futures::stream::iter(wanted)
+    let results: Vec<Result<LogExcerpt, String>> = futures::stream::iter(wanted)
         .map(|(ns, pod, container, previous)| {
             let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
             async move {
@@ -97,22 +312,40 @@ pub async fn logs(client: &Client, pods: &[Pod], limit: usize, lines: i64) -> Ve
                     ..LogParams::default()
                 };
                 match api.logs(&pod, &lp).await {
-                    Ok(text) => Some(LogExcerpt {
+                    Ok(text) => Ok(LogExcerpt {
                         namespace: ns,
                         pod,
                         container,
                         previous,
                         text,
                     }),
-                    Err(e) => {
-                        tracing::debug!("logs of {ns}/{pod}/{container}: {e}");
-                        None
-                    }
+                    Err(e) => Err(format!(
+                        "{ns}/{pod} container {container}{}: {}",
+                        if previous { " (previous)" } else { "" },
+                        short_kube_error(&e)
+                    )),
                 }
             }
         })
         .buffer_unordered(8)
-        .filter_map(|x| async move { x })
         .collect()
-        .await
+        .await;
+    let mut ok = Vec::new();
+    let mut failed = Vec::new();
+    for r in results {
+        match r {
+            Ok(l) => ok.push(l),
+            Err(e) => failed.push(e),
+        }
+    }
+    failed.sort();
+    (ok, failed)
+}
+
+/// The API server's message for an API error, else the error.
+fn short_kube_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        other => other.to_string(),
+    }
 }

@@ -1,7 +1,7 @@
 //! Where metric samples come from: a Prometheus URL, agents' `/metrics` URLs, or the agent pods
 //! through the API server's pod proxy.
 
-use super::http;
+use super::http::{self, Http, HttpArgs};
 use anyhow::{Context, Result};
 use gpuops_doctor::Sample;
 use gpuops_doctor::metrics::{parse_exposition, parse_prometheus};
@@ -16,9 +16,11 @@ const SERIES: &str = "{__name__=~\"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_FB_USED|DCGM
 /// Metric source flags, shared by `doctor` and `top`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MetricsArgs {
-    /// Prometheus base URL (http://HOST:9090) to read GPU metrics from.
+    /// Prometheus base URL (http://HOST:9090 or https://...) to read GPU metrics from.
     #[arg(long, value_name = "URL", env = "GPUOPS_PROMETHEUS")]
     pub prometheus: Option<String>,
+    #[command(flatten)]
+    pub http: HttpArgs,
     /// An agent's metrics URL (http://NODE:9400/metrics); repeatable.
     #[arg(long = "metrics", value_name = "URL")]
     pub metrics: Vec<String>,
@@ -48,6 +50,8 @@ pub struct Collected {
     pub samples: Vec<Sample>,
     pub utilization_window: Option<Duration>,
     pub from: Vec<String>,
+    /// Sources that could not be read: the flag, the URL and why (the rest is still used).
+    pub unread: Vec<String>,
 }
 
 impl MetricsArgs {
@@ -56,7 +60,8 @@ impl MetricsArgs {
     }
 }
 
-/// Reads what the flags name. `averaged` also asks Prometheus for the last hour's mean utilization.
+/// Reads what the flags name. A source that fails is named in `unread`, and the others are still
+/// read. `averaged` also asks Prometheus for the last hour's mean utilization.
 pub async fn collect(
     args: &MetricsArgs,
     client: Option<&Client>,
@@ -66,53 +71,82 @@ pub async fn collect(
         samples: Vec::new(),
         utilization_window: None,
         from: Vec::new(),
+        unread: Vec::new(),
     };
     if let Some(base) = &args.prometheus {
-        let base = base.trim_end_matches('/').to_string();
-        let (samples, window) = tokio::task::spawn_blocking(move || prometheus(&base, averaged))
-            .await
-            .context("reading Prometheus")??;
-        out.from
-            .push(format!("{} samples from Prometheus", samples.len()));
-        out.samples.extend(samples);
-        out.utilization_window = window;
+        let base = base.trim_end_matches('/');
+        let read = match Http::new(&args.http, true) {
+            Ok(h) => prometheus(&h, base, averaged).await,
+            Err(e) => Err(e),
+        };
+        match read {
+            Ok((samples, window)) => {
+                out.from
+                    .push(format!("{} samples from Prometheus", samples.len()));
+                out.samples.extend(samples);
+                out.utilization_window = window;
+            }
+            Err(e) => out.unread.push(format!("--prometheus {base}: {e:#}")),
+        }
     }
-    for url in &args.metrics {
-        let u = url.clone();
-        let text = tokio::task::spawn_blocking(move || http::get(&u))
-            .await
-            .context("scraping")??;
-        let samples = parse_exposition(&text).with_context(|| format!("parsing {url}"))?;
-        out.from
-            .push(format!("{} samples from {url}", samples.len()));
-        out.samples.extend(samples);
+    if !args.metrics.is_empty() {
+        let h = Http::new(&args.http, false)?;
+        for url in &args.metrics {
+            let read = h
+                .get(url)
+                .await
+                .and_then(|text| parse_exposition(&text).with_context(|| format!("parsing {url}")));
+            match read {
+                Ok(samples) => {
+                    out.from
+                        .push(format!("{} samples from {url}", samples.len()));
+                    out.samples.extend(samples);
+                }
+                Err(e) => out.unread.push(format!("--metrics {url}: {e:#}")),
+            }
+        }
     }
     if args.metrics_from == Some(MetricsFrom::Agents) {
-        let client = client.context("--metrics-from agents needs the cluster")?;
-        let samples = agents(client, &args.agent_selector, args.agent_port).await?;
-        out.from
-            .push(format!("{} samples from agent pods", samples.len()));
-        out.samples.extend(samples);
+        match client {
+            Some(client) => match agents(client, &args.agent_selector, args.agent_port).await {
+                Ok((samples, failed)) => {
+                    out.from
+                        .push(format!("{} samples from agent pods", samples.len()));
+                    out.samples.extend(samples);
+                    out.unread.extend(failed);
+                }
+                Err(e) => out.unread.push(format!("--metrics-from agents: {e:#}")),
+            },
+            None => out
+                .unread
+                .push("--metrics-from agents: needs the cluster".to_string()),
+        }
     }
     Ok(out)
 }
 
-fn query(base: &str, q: &str, default_name: &str) -> Result<Vec<Sample>> {
+async fn query(h: &Http, base: &str, q: &str, default_name: &str) -> Result<Vec<Sample>> {
     let url = format!("{base}/api/v1/query?query={}", http::encode(q));
-    let body = http::get(&url)?;
+    let body = h.get(&url).await?;
     parse_prometheus(&body, default_name).with_context(|| format!("Prometheus query {q}"))
 }
 
-fn prometheus(base: &str, averaged: Option<Duration>) -> Result<(Vec<Sample>, Option<Duration>)> {
-    let mut samples = query(base, SERIES, "unknown")?;
+async fn prometheus(
+    h: &Http,
+    base: &str,
+    averaged: Option<Duration>,
+) -> Result<(Vec<Sample>, Option<Duration>)> {
+    let mut samples = query(h, base, SERIES, "unknown").await?;
     let mut window = None;
     if let Some(w) = averaged {
         let minutes = (w.as_secs() / 60).max(1);
         let avg = query(
+            h,
             base,
             &format!("avg_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=\"\"}}[{minutes}m])"),
             "DCGM_FI_DEV_GPU_UTIL",
-        )?;
+        )
+        .await?;
         if !avg.is_empty() {
             // The averages replace the instant utilization of pods' GPUs.
             samples.retain(|s| !(s.name == "DCGM_FI_DEV_GPU_UTIL" && s.label("pod").is_some()));
@@ -123,13 +157,15 @@ fn prometheus(base: &str, averaged: Option<Duration>) -> Result<(Vec<Sample>, Op
     Ok((samples, window))
 }
 
-async fn agents(client: &Client, selector: &str, port: u16) -> Result<Vec<Sample>> {
+/// The agents' samples, and the agents that could not be scraped.
+async fn agents(client: &Client, selector: &str, port: u16) -> Result<(Vec<Sample>, Vec<String>)> {
     let pods: Api<Pod> = Api::all(client.clone());
     let list = pods
         .list(&ListParams::default().labels(selector))
         .await
         .with_context(|| format!("listing agent pods ({selector})"))?;
     let mut out = Vec::new();
+    let mut failed = Vec::new();
     for p in list.items {
         let (Some(ns), Some(name)) = (p.metadata.namespace.as_deref(), p.metadata.name.as_deref())
         else {
@@ -142,10 +178,10 @@ async fn agents(client: &Client, selector: &str, port: u16) -> Result<Vec<Sample
         match client.request_text(req).await {
             Ok(text) => match parse_exposition(&text) {
                 Ok(s) => out.extend(s),
-                Err(e) => tracing::warn!("agent {ns}/{name}: {e}"),
+                Err(e) => failed.push(format!("--metrics-from agents: pod {ns}/{name}: {e}")),
             },
-            Err(e) => tracing::warn!("scraping agent {ns}/{name}: {e}"),
+            Err(e) => failed.push(format!("--metrics-from agents: pod {ns}/{name}: {e}")),
         }
     }
-    Ok(out)
+    Ok((out, failed))
 }
