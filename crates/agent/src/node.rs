@@ -185,8 +185,10 @@ impl Reconciler {
                             .await?;
                         self.written(written);
                         if let Some(path) = &self.opts.nfd_file
-                            && let Err(e) =
-                                gpuops_atomicfile::write(path, gpuops_labels::nfd_feature_file(&with_time))
+                            && let Err(e) = gpuops_atomicfile::write(
+                                path,
+                                gpuops_labels::nfd_feature_file(&with_time),
+                            )
                         {
                             tracing::error!(file = %path.display(), error = %e, "writing the NFD feature file: {e}");
                         }

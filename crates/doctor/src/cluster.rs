@@ -144,7 +144,7 @@ impl NodeView<'_> {
         if self
             .taints
             .iter()
-            .any(|t| t.key == crate::rules::HEALTH_TAINT)
+            .any(|t| t.key == gpuops_labels::DEFAULT_TAINT_KEY)
         {
             return Some("GPU unhealthy (taint gpuops.io/gpu-unhealthy)".to_string());
         }
