@@ -2,7 +2,7 @@
 //!
 //! Readers (NFD reading the features file, the container runtime reading a CDI spec, the agent
 //! reading its MIG checkpoint after a crash) see either the whole old file or the whole new one:
-//! the content goes to a hidden temporary file in the same directory (`.name.XXXXXX`; NFD skips
+//! the content goes to a hidden temporary file in the same directory (`.name.PID.N.tmp`; NFD skips
 //! dot files), which is fsynced, renamed over the target, and then the directory is fsynced so
 //! the rename itself survives a power cut. On any failure the temporary file is removed and the
 //! old file is left as it was.
@@ -47,26 +47,69 @@ pub fn write_with(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .tempfile_in(dir)
-        .map_err(fail("creating a temporary file in", dir))?;
-    // Dropping `tmp` on any early return removes the temporary file.
-    fill(tmp.as_file_mut()).map_err(fail("writing", tmp.path()))?;
-    tmp.as_file()
-        .sync_all()
-        .map_err(fail("syncing", tmp.path()))?;
+    let mut tmp = TempFile::create(dir, &name)?;
+    fill(&mut tmp.file).map_err(fail("writing", &tmp.path))?;
+    tmp.file.sync_all().map_err(fail("syncing", &tmp.path))?;
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode))
-            .map_err(fail("setting permissions on", tmp.path()))?;
+        std::fs::set_permissions(&tmp.path, std::fs::Permissions::from_mode(mode))
+            .map_err(fail("setting permissions on", &tmp.path))?;
     }
-    tmp.persist(path)
-        .map_err(|e| fail("renaming into place", path)(e.error))?;
+    std::fs::rename(&tmp.path, path).map_err(fail("renaming into place", path))?;
+    tmp.persisted = true;
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(fail("syncing directory", dir))?;
     Ok(())
+}
+
+/// The temporary file, removed on drop unless it was renamed into place.
+///
+/// Not `tempfile`: it seeds its name generator through `std::thread::current()`, which in a
+/// dlopen'ed cdylib (the simulated driver, `libnvml_sim.so`, saves its state through this crate)
+/// registers a thread-exit destructor inside the library; once NVML shutdown unloads the library,
+/// the next thread to exit jumps into unmapped code. A name from the pid and a counter needs no
+/// thread state.
+struct TempFile {
+    path: PathBuf,
+    file: File,
+    persisted: bool,
+}
+
+impl TempFile {
+    fn create(dir: &Path, name: &str) -> Result<TempFile, AtomicWriteError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let pid = std::process::id();
+        loop {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = dir.join(format!(".{name}.{pid}.{n}.tmp"));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(file) => {
+                    return Ok(TempFile {
+                        path,
+                        file,
+                        persisted: false,
+                    });
+                }
+                // Left by an earlier process with the same pid: take the next name.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(fail("creating a temporary file in", dir)(e)),
+            }
+        }
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.persisted {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 #[cfg(test)]
