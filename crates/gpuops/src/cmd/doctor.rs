@@ -1,10 +1,6 @@
 //! `gpuops doctor` (also `kubectl gpu doctor`): reads the cluster once and explains GPU scheduling,
 //! driver, MIG, health, OOM and cost problems with evidence and a fix.
 
-mod http;
-pub mod read;
-pub mod sources;
-
 use crate::output::{self, Format};
 use anyhow::{Context, Result};
 use gpuops_doctor::{Options, Snapshot, diagnose, has_critical, report};
@@ -45,13 +41,13 @@ pub struct Args {
     #[arg(long)]
     node: Option<String>,
     #[command(flatten)]
-    kube: read::KubeArgs,
+    kube: super::flags::KubeArgs,
     /// Price of one GPU-hour for the cost findings (a node's gpuops.io/gpu-hour-price annotation
     /// or label wins).
     #[arg(long, value_name = "PRICE", value_parser = parse_price)]
     gpu_hour_price: Option<f64>,
     #[command(flatten)]
-    metrics: sources::MetricsArgs,
+    metrics: super::flags::MetricsArgs,
     /// Read the logs of at most this many crashed/restarted GPU containers (0: none).
     #[arg(long, default_value_t = 20, value_name = "N")]
     logs: usize,
@@ -198,12 +194,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 async fn read(args: &Args) -> Result<(Snapshot, Vec<String>, Vec<String>)> {
-    let client = read::client(&args.kube).await?;
-    let cluster = read::cluster(&client, args.namespace.as_deref(), args.node.as_deref()).await?;
+    let client = args.kube.client().await?;
+    let cluster =
+        gpuops_observe::cluster(&client, args.namespace.as_deref(), args.node.as_deref()).await?;
     let mut from = Vec::new();
     let mut unread = cluster.unread;
     let logs = if args.logs > 0 {
-        let (l, failed) = read::logs(&client, &cluster.pods, args.logs, args.log_lines).await;
+        let (l, failed) =
+            gpuops_observe::logs(&client, &cluster.pods, args.logs, args.log_lines).await;
         if !l.is_empty() {
             from.push(format!("{} container logs", l.len()));
         }
@@ -220,7 +218,12 @@ async fn read(args: &Args) -> Result<(Snapshot, Vec<String>, Vec<String>)> {
     } else {
         Vec::new()
     };
-    let metrics = sources::collect(&args.metrics, Some(&client), Some(args.idle_after)).await?;
+    let metrics = gpuops_observe::collect(
+        &args.metrics.sources(),
+        Some(&client),
+        Some(args.idle_after),
+    )
+    .await?;
     from.extend(metrics.from);
     unread.extend(metrics.unread);
     Ok((
