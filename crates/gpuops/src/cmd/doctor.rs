@@ -4,7 +4,6 @@
 use crate::output::{self, Format};
 use anyhow::{Context, Result};
 use gpuops_doctor::{Options, Snapshot, diagnose, has_critical, report};
-use k8s_openapi::jiff::Timestamp;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -195,50 +194,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
 async fn read(args: &Args) -> Result<(Snapshot, Vec<String>, Vec<String>)> {
     let client = args.kube.client().await?;
-    let cluster =
-        gpuops_observe::cluster(&client, args.namespace.as_deref(), args.node.as_deref()).await?;
-    let mut from = Vec::new();
-    let mut unread = cluster.unread;
-    let logs = if args.logs > 0 {
-        let (l, failed) =
-            gpuops_observe::logs(&client, &cluster.pods, args.logs, args.log_lines).await;
-        if !l.is_empty() {
-            from.push(format!("{} container logs", l.len()));
-        }
-        if !failed.is_empty() {
-            // Once, with the reasons: a finding that needs a log may be missing because of it.
-            unread.push(format!(
-                "the logs of {} container{}: {}",
-                failed.len(),
-                if failed.len() == 1 { "" } else { "s" },
-                failed.join("; ")
-            ));
-        }
-        l
-    } else {
-        Vec::new()
-    };
-    let metrics = gpuops_observe::collect(
-        &args.metrics.sources(),
-        Some(&client),
-        Some(args.idle_after),
+    let read = gpuops_observe::snapshot(
+        &client,
+        &gpuops_observe::SnapshotOptions {
+            namespace: args.namespace.clone(),
+            node: args.node.clone(),
+            logs: args.logs,
+            log_lines: args.log_lines,
+            metrics: args.metrics.sources(),
+            averaged: Some(args.idle_after),
+        },
     )
     .await?;
-    from.extend(metrics.from);
-    unread.extend(metrics.unread);
-    Ok((
-        Snapshot {
-            nodes: cluster.nodes,
-            pods: cluster.pods,
-            events: cluster.events,
-            metrics: metrics.samples,
-            utilization_window: metrics.utilization_window,
-            logs,
-            quotas: cluster.quotas,
-            all_pods: cluster.all_pods,
-            now: Timestamp::now(),
-        },
-        from,
-        unread,
-    ))
+    Ok(read)
 }
