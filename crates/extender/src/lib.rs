@@ -12,7 +12,6 @@ pub mod server;
 use gpuops_packing::{PodSpec, PolicyKind};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -21,22 +20,13 @@ use std::sync::atomic::AtomicU64;
 pub enum ExtenderError {
     #[error(transparent)]
     Serve(#[from] gpuops_serve::ServeError),
-    #[error("--kubeconfig: cannot read {path}: {source}")]
-    Kubeconfig {
-        path: PathBuf,
+    /// The Kubernetes client could not be built; `flag` names the flag to fix.
+    #[error("{flag}")]
+    Client {
+        flag: String,
         #[source]
-        source: kube::config::KubeconfigError,
+        source: gpuops_kube::KubeError,
     },
-    #[error("{context}: {source}")]
-    Kube {
-        context: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error(
-        "connecting to Kubernetes (KUBECONFIG, ~/.kube/config or in-cluster; or pass --kubeconfig): {0}"
-    )]
-    InferConfig(#[source] kube::config::InferConfigError),
 }
 
 /// What the extender serves with.
@@ -46,8 +36,8 @@ pub struct ExtenderConfig {
     pub policy: PolicyKind,
     /// Typical pod shapes for FGD and ours; `None`: the shapes of the pods in the cluster.
     pub workload: Option<Vec<PodSpec>>,
-    /// Kubeconfig file; `None`: KUBECONFIG, ~/.kube/config or in-cluster.
-    pub kubeconfig: Option<PathBuf>,
+    /// Which cluster to watch (kubeconfig and context), through the shared client builder.
+    pub client: gpuops_kube::ClientOptions,
 }
 
 /// A bound extender, not yet serving: binding first makes a taken port fail the start clearly.
@@ -73,7 +63,7 @@ impl Extender {
     /// Connects to the API server, starts the watches and serves until `shutdown` resolves, then
     /// drains the requests in flight.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ExtenderError> {
-        let client = client(self.config.kubeconfig.as_deref()).await?;
+        let client = client(&self.config.client).await?;
         let view = server::watch(client);
         let served = Arc::new(server::Served {
             view,
@@ -98,28 +88,15 @@ impl Extender {
     }
 }
 
-async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, ExtenderError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
-                ExtenderError::Kubeconfig {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|source| ExtenderError::Kubeconfig {
-                    path: path.to_path_buf(),
-                    source,
-                })?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(ExtenderError::InferConfig)?,
+async fn client(options: &gpuops_kube::ClientOptions) -> Result<kube::Client, ExtenderError> {
+    let flag = match (&options.kubeconfig, &options.context) {
+        (Some(path), Some(ctx)) => format!("--kubeconfig {} --context {ctx}", path.display()),
+        (Some(path), None) => format!("--kubeconfig {}", path.display()),
+        (None, Some(ctx)) => format!("--context {ctx}"),
+        (None, None) => "connecting to Kubernetes (KUBECONFIG, ~/.kube/config or in-cluster; or pass --kubeconfig)".to_string(),
     };
-    kube::Client::try_from(config).map_err(|source| ExtenderError::Kube {
-        context: "connecting to Kubernetes".to_string(),
-        source,
-    })
+    options
+        .client()
+        .await
+        .map_err(|source| ExtenderError::Client { flag, source })
 }

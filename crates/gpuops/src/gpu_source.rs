@@ -1,12 +1,10 @@
 //! Where a command gets its GPUs: the real driver, or the simulated one (`--simulate FLEET`).
 
-use anyhow::{Context, Result, bail};
-use gpuops_nvml::{Gpus, Library};
-use gpuops_sim::{Fleet, SimState, Store};
-use std::path::{Path, PathBuf};
+use anyhow::Result;
+use gpuops_nvml::Library;
+use std::path::PathBuf;
 
-/// File name of the simulated driver cargo builds next to the binary.
-const SIM_LIB: &str = "libnvml_sim.so";
+pub use gpuops_gpus::{Opened, Simulation, describe, driver_libraries, now_ms};
 
 /// The flags every command that reads GPUs takes.
 #[derive(Debug, Clone, clap::Args)]
@@ -29,156 +27,25 @@ pub struct GpuArgs {
     pub sysfs_root: PathBuf,
 }
 
-/// A simulated node this process is using.
-#[derive(Debug)]
-pub struct Simulation {
-    pub fleet: Option<String>,
-    pub state_dir: PathBuf,
-    /// Holds a temporary state directory until exit.
-    _temp: Option<tempfile::TempDir>,
-}
-
-/// Opened GPUs plus what they are.
-#[derive(Debug)]
-pub struct Opened {
-    pub gpus: Gpus,
-    pub simulation: Option<Simulation>,
-}
-
-/// One line saying where GPUs opened from `library` come from.
-pub fn describe(library: &Library, simulation: Option<&Simulation>) -> String {
-    match simulation {
-        Some(sim) => format!(
-            "simulated driver {} ({}state {})",
-            library.describe(),
-            sim.fleet
-                .as_ref()
-                .map(|f| format!("fleet {f}, "))
-                .unwrap_or_default(),
-            sim.state_dir.display()
-        ),
-        None => format!("NVIDIA driver ({})", library.describe()),
+impl GpuArgs {
+    /// The library's description of these flags.
+    pub fn source(&self) -> gpuops_gpus::GpuSource {
+        gpuops_gpus::GpuSource {
+            simulate: self.simulate.clone(),
+            sim_state: self.sim_state.clone(),
+            nvml_lib: self.nvml_lib.clone(),
+            sysfs_root: self.sysfs_root.clone(),
+        }
     }
 }
 
 /// Opens the GPUs the flags name. Must run before any thread is started (it may set the simulator's
 /// environment variable).
 pub fn open(args: &GpuArgs) -> Result<Opened> {
-    let (library, simulation) = prepare(args)?;
-    let gpus = Gpus::open(library)?.with_sysfs_root(&args.sysfs_root);
-    Ok(Opened { gpus, simulation })
+    Ok(gpuops_gpus::open(&args.source())?)
 }
 
 /// The library the flags name and the simulation they set up, without loading anything yet.
 pub fn prepare(args: &GpuArgs) -> Result<(Library, Option<Simulation>)> {
-    let simulation = match (&args.simulate, &args.sim_state) {
-        (Some(fleet_name), dir) => Some(create_simulation(fleet_name, dir.as_deref())?),
-        (None, Some(dir)) => {
-            Store::new(dir).load().with_context(|| {
-                format!("attaching to the simulator state in {}", dir.display())
-            })?;
-            Some(Simulation {
-                fleet: None,
-                state_dir: dir.clone(),
-                _temp: None,
-            })
-        }
-        (None, None) => None,
-    };
-    let library = match (&args.nvml_lib, &simulation) {
-        (Some(path), _) => Library::Path(path.clone()),
-        (None, Some(_)) => Library::Path(find_sim_library()?),
-        (None, None) => Library::System,
-    };
-    if let Some(sim) = &simulation {
-        gpuops_nvml::use_simulator_state(&sim.state_dir);
-    }
-    Ok((library, simulation))
-}
-
-/// Where the driver's NVML is looked for: `libnvidia-ml.so.1` under each driver root (a
-/// container mounts the host's driver there, e.g. CONTAINER_DRIVER_ROOT=/driver-root), then the
-/// dynamic loader's search path.
-pub fn driver_libraries(roots: &[&str]) -> Vec<Library> {
-    const DIRS: [&str; 4] = [
-        "usr/lib64",
-        "usr/lib/x86_64-linux-gnu",
-        "usr/lib/aarch64-linux-gnu",
-        "lib64",
-    ];
-    let mut out = Vec::new();
-    for root in roots.iter().filter(|r| !r.is_empty() && **r != "/") {
-        for dir in DIRS {
-            // Listed even when absent now: a driver container may install it later.
-            let candidate = Library::Path(Path::new(root).join(dir).join("libnvidia-ml.so.1"));
-            if !out.contains(&candidate) {
-                out.push(candidate);
-            }
-        }
-    }
-    out.push(Library::System);
-    out
-}
-
-fn create_simulation(fleet_name: &str, dir: Option<&Path>) -> Result<Simulation> {
-    let fleet = Fleet::resolve(fleet_name)?;
-    let state = SimState::from_fleet(&fleet, now_ms())?;
-    let (state_dir, temp) = match dir {
-        Some(d) => (d.to_path_buf(), None),
-        None => {
-            let t = tempfile::Builder::new()
-                .prefix("gpuops-sim-")
-                .tempdir()
-                .context("creating a temporary simulator state directory")?;
-            (t.path().to_path_buf(), Some(t))
-        }
-    };
-    Store::create(&state_dir, &state)?;
-    Ok(Simulation {
-        fleet: Some(fleet_name.to_string()),
-        state_dir,
-        _temp: temp,
-    })
-}
-
-/// Finds `libnvml_sim.so`: `GPUOPS_NVML_SIM_LIB`, else next to this binary (cargo puts it in
-/// `target/<profile>/deps/`), else `../lib/gpuops/` for installed layouts.
-pub fn find_sim_library() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("GPUOPS_NVML_SIM_LIB") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("locating the gpuops binary")?;
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    let candidates = [
-        dir.join(SIM_LIB),
-        dir.join("deps").join(SIM_LIB),
-        dir.join("..").join(SIM_LIB),
-        dir.join("../lib/gpuops").join(SIM_LIB),
-    ];
-    // Cargo refreshes deps/ on every build of the binary but the top-level copy only when the
-    // simulator is built on its own, so the newest copy is the right one.
-    let newest = candidates
-        .iter()
-        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
-        .filter(|(_, p)| p.is_file())
-        .max_by_key(|(modified, _)| *modified);
-    if let Some((_, found)) = newest {
-        return Ok(found.clone());
-    }
-    bail!(
-        "the simulated driver {SIM_LIB} is not next to {} (looked in {}); build it with \
-         `cargo build -p nvml-sim`, or point GPUOPS_NVML_SIM_LIB / --nvml-lib at it",
-        exe.display(),
-        candidates
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    Ok(gpuops_gpus::prepare(&args.source())?)
 }

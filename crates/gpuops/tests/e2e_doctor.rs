@@ -1898,4 +1898,36 @@ fn the_cluster_flags_name_what_is_wrong() {
     assert_eq!(out.status.code(), Some(1));
     let text = common::text(&out);
     assert!(text.contains("no-such"), "{text}");
+
+    // The scheduler extender builds its client the same way, and says which flag is wrong.
+    let out = common::gpuops()
+        .args([
+            "scheduler-extender",
+            "--address",
+            "127.0.0.1:0",
+            "--kubeconfig",
+        ])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = common::text(&out);
+    assert!(
+        text.contains(&format!("--kubeconfig {}", missing.display())),
+        "{text}"
+    );
+    let out = common::gpuops()
+        .args([
+            "scheduler-extender",
+            "--address",
+            "127.0.0.1:0",
+            "--kubeconfig",
+        ])
+        .arg(&kc)
+        .args(["--context", "no-such"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = common::text(&out);
+    assert!(text.contains("--context no-such"), "{text}");
 }

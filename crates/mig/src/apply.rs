@@ -262,6 +262,48 @@ pub fn restore_targets(inv: &Inventory, checkpoint: &Checkpoint) -> Result<Vec<T
         .collect()
 }
 
+/// The node's MIG state as a mig-parted config named `current`, grouping identical GPUs.
+pub fn current_config(inv: &Inventory) -> serde_json::Value {
+    let mut entries: Vec<(Vec<u32>, bool, BTreeMap<String, u32>)> = Vec::new();
+    for g in inv.gpus.iter().filter(|g| g.mig.capable) {
+        let counts = current_layout(g).counts();
+        let enabled = g.mig.current_enabled;
+        match entries.last_mut() {
+            Some((list, e, c)) if *e == enabled && *c == counts => list.push(g.index),
+            _ => entries.push((vec![g.index], enabled, counts)),
+        }
+    }
+    let list: Vec<serde_json::Value> = entries
+        .into_iter()
+        .map(|(devices, enabled, counts)| {
+            let mut e = serde_json::json!({"devices": devices, "mig-enabled": enabled});
+            if enabled {
+                e["mig-devices"] = serde_json::json!(counts);
+            }
+            e
+        })
+        .collect();
+    serde_json::json!({"version": "v1", "mig-configs": {"current": list}})
+}
+
+/// The node's GPU models as a fleet for the workload planner: `8x H100-SXM5-80GB, ...`.
+pub fn fleet_of(inv: &Inventory) -> String {
+    let mut keys: Vec<String> = inv.gpus.iter().filter_map(|g| g.model.clone()).collect();
+    keys.dedup();
+    keys.iter()
+        .map(|k| {
+            format!(
+                "{}x {k}",
+                inv.gpus
+                    .iter()
+                    .filter(|g| g.model.as_deref() == Some(k))
+                    .count()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

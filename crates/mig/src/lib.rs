@@ -12,6 +12,7 @@ pub mod hooks;
 pub mod layout;
 pub mod planner;
 pub mod select;
+pub mod validate;
 pub mod workload;
 
 pub use layout::{Instance, Layout};

@@ -53,6 +53,12 @@ pub enum ExecError {
     },
     #[error(transparent)]
     WriteCheckpoint(#[from] gpuops_atomicfile::AtomicWriteError),
+    #[error(transparent)]
+    Plan(#[from] gpuops_mig::apply::PlanError),
+    #[error(transparent)]
+    Snapshot(NvmlError),
+    #[error("the apply finished but the node does not match config {0}; run apply again")]
+    NotConverged(String),
 }
 
 fn nvml(what: String) -> impl FnOnce(NvmlError) -> ExecError {
@@ -296,6 +302,72 @@ fn run_hooks(opts: &Options, point: HookPoint) -> Result<(), ExecError> {
         }
     }
     Ok(())
+}
+
+/// What [`apply_checkpointed`] is doing, for the caller to tell the user as it happens.
+#[derive(Debug)]
+pub enum Progress<'a> {
+    /// An earlier apply died half-way; its checkpoint keeps the layout from before it.
+    Interrupted {
+        applying: Option<&'a str>,
+        checkpoint: &'a Path,
+    },
+    /// The node already has the config: hooks run, nothing else changes.
+    NothingToDo,
+    /// Applied and converged.
+    Applied { changes: usize },
+}
+
+/// Checkpoint, apply, mark the checkpoint done, and check the node converged (`converged` on a
+/// fresh snapshot; not checked while a mode change waits for a reset).
+#[allow(clippy::too_many_arguments)]
+pub fn apply_checkpointed(
+    gpus: &Gpus,
+    plans: &[GpuPlan],
+    opts: &Options,
+    path: &Path,
+    gpus_changed: &[u32],
+    inv: &gpuops_inventory::Inventory,
+    applying: Option<String>,
+    converged: impl Fn(&gpuops_inventory::Inventory) -> Result<bool, ExecError>,
+    mut progress: impl FnMut(Progress<'_>),
+) -> Result<Outcome, ExecError> {
+    let nothing_to_do = plans
+        .iter()
+        .all(|p| !p.mode_changes() && !p.layout_changes());
+    let previous = read_checkpoint(path)?;
+    let base = match previous {
+        Some(c) if c.interrupted() => {
+            progress(Progress::Interrupted {
+                applying: c.applying.as_deref(),
+                checkpoint: path,
+            });
+            c
+        }
+        _ if nothing_to_do => {
+            progress(Progress::NothingToDo);
+            return execute(gpus, &[], opts).map(|_| Outcome::default());
+        }
+        _ => {
+            let c = gpuops_mig::apply::checkpoint_of(inv, gpus_changed, applying);
+            write_checkpoint(path, &c)?;
+            c
+        }
+    };
+    let outcome = execute(gpus, plans, opts)?;
+    let after = gpus
+        .snapshot_with(gpuops_nvml::Scope::Mig)
+        .map_err(ExecError::Snapshot)?;
+    if outcome.pending_reset.is_empty() && !converged(&after)? {
+        return Err(ExecError::NotConverged(opts.config_name.clone()));
+    }
+    let mut done = base;
+    done.applying = None;
+    write_checkpoint(path, &done)?;
+    progress(Progress::Applied {
+        changes: outcome.nvml_changes,
+    });
+    Ok(outcome)
 }
 
 /// Reads a checkpoint file; `Ok(None)` when there is none.

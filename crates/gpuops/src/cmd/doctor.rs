@@ -1,14 +1,9 @@
 //! `gpuops doctor` (also `kubectl gpu doctor`): reads the cluster once and explains GPU scheduling,
 //! driver, MIG, health, OOM and cost problems with evidence and a fix.
 
-mod http;
-pub mod read;
-pub mod sources;
-
 use crate::output::{self, Format};
 use anyhow::{Context, Result};
 use gpuops_doctor::{Options, Snapshot, diagnose, has_critical, report};
-use k8s_openapi::jiff::Timestamp;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -45,13 +40,13 @@ pub struct Args {
     #[arg(long)]
     node: Option<String>,
     #[command(flatten)]
-    kube: read::KubeArgs,
+    kube: super::flags::KubeArgs,
     /// Price of one GPU-hour for the cost findings (a node's gpuops.io/gpu-hour-price annotation
     /// or label wins).
     #[arg(long, value_name = "PRICE", value_parser = parse_price)]
     gpu_hour_price: Option<f64>,
     #[command(flatten)]
-    metrics: sources::MetricsArgs,
+    metrics: super::flags::MetricsArgs,
     /// Read the logs of at most this many crashed/restarted GPU containers (0: none).
     #[arg(long, default_value_t = 20, value_name = "N")]
     logs: usize,
@@ -198,44 +193,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 async fn read(args: &Args) -> Result<(Snapshot, Vec<String>, Vec<String>)> {
-    let client = read::client(&args.kube).await?;
-    let cluster = read::cluster(&client, args.namespace.as_deref(), args.node.as_deref()).await?;
-    let mut from = Vec::new();
-    let mut unread = cluster.unread;
-    let logs = if args.logs > 0 {
-        let (l, failed) = read::logs(&client, &cluster.pods, args.logs, args.log_lines).await;
-        if !l.is_empty() {
-            from.push(format!("{} container logs", l.len()));
-        }
-        if !failed.is_empty() {
-            // Once, with the reasons: a finding that needs a log may be missing because of it.
-            unread.push(format!(
-                "the logs of {} container{}: {}",
-                failed.len(),
-                if failed.len() == 1 { "" } else { "s" },
-                failed.join("; ")
-            ));
-        }
-        l
-    } else {
-        Vec::new()
-    };
-    let metrics = sources::collect(&args.metrics, Some(&client), Some(args.idle_after)).await?;
-    from.extend(metrics.from);
-    unread.extend(metrics.unread);
-    Ok((
-        Snapshot {
-            nodes: cluster.nodes,
-            pods: cluster.pods,
-            events: cluster.events,
-            metrics: metrics.samples,
-            utilization_window: metrics.utilization_window,
-            logs,
-            quotas: cluster.quotas,
-            all_pods: cluster.all_pods,
-            now: Timestamp::now(),
+    let client = args.kube.client().await?;
+    let read = gpuops_observe::snapshot(
+        &client,
+        &gpuops_observe::SnapshotOptions {
+            namespace: args.namespace.clone(),
+            node: args.node.clone(),
+            logs: args.logs,
+            log_lines: args.log_lines,
+            metrics: args.metrics.sources(),
+            averaged: Some(args.idle_after),
         },
-        from,
-        unread,
-    ))
+    )
+    .await?;
+    Ok(read)
 }

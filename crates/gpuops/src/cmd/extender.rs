@@ -36,9 +36,9 @@ pub struct Args {
     /// Scoring policy: ours, fgd, bestfit, gpupacking, gpuclustering, dotprod or random.
     #[arg(long, env = "GPUOPS_EXTENDER_POLICY", default_value = "ours")]
     policy: String,
-    /// Kubeconfig to watch nodes and pods with [default: KUBECONFIG, ~/.kube/config or in-cluster].
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
+    /// The cluster to watch nodes and pods of.
+    #[command(flatten)]
+    kube: super::flags::KubeArgs,
     /// A pod list CSV (trace format, see `gpuops simulate --help`) whose shapes are the typical
     /// pods FGD and ours protect [default: the shapes of the pods running in the cluster].
     #[arg(long, value_name = "FILE")]
@@ -63,7 +63,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ExtenderConfig {
             policy,
             workload,
-            kubeconfig: args.kubeconfig,
+            client: args.kube.options(),
         },
     )?;
     let local = extender

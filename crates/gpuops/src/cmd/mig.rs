@@ -6,10 +6,9 @@ use crate::output::{self, Format};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
 use gpuops_mig::apply::{self as plan, Target};
-use gpuops_mig::config::{self, Devices, MigPartedConfig};
+use gpuops_mig::config::{self, MigPartedConfig};
 use gpuops_mig::hooks::Hooks;
-use gpuops_mig::layout::describe_counts;
-use gpuops_mig::{planner, select, workload};
+use gpuops_mig::{select, workload};
 use gpuops_migexec::{self as exec, Options};
 use std::io::Read;
 use std::path::PathBuf;
@@ -333,7 +332,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Action::Export { gpus, output } => {
             let opened = gpu_source::open(&gpus)?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
-            let value = export(&inv);
+            let value = plan::current_config(&inv);
             match output {
                 ExportFormat::Yaml => print!("{}", serde_saphyr::to_string(&value)?),
                 ExportFormat::Json => println!("{}", serde_json::to_string_pretty(&value)?),
@@ -407,7 +406,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 }
 
-/// Checkpoint, apply, mark the checkpoint done, and check the node converged.
+/// Checkpoint, apply, mark the checkpoint done, and check the node converged (gpuops-migexec),
+/// saying what happens as it does.
 #[allow(clippy::too_many_arguments)]
 fn apply_with_checkpoint(
     opened: &gpu_source::Opened,
@@ -417,51 +417,43 @@ fn apply_with_checkpoint(
     gpus_changed: &[u32],
     inv: &gpuops_inventory::Inventory,
     applying: Option<String>,
-    converged: impl Fn(&gpuops_inventory::Inventory) -> Result<bool>,
+    converged: impl Fn(&gpuops_inventory::Inventory) -> Result<bool, exec::ExecError>,
 ) -> Result<ExitCode> {
-    let nothing_to_do = plans
-        .iter()
-        .all(|p| !p.mode_changes() && !p.layout_changes());
-    let previous = exec::read_checkpoint(path)?;
-    let base = match previous {
-        // An earlier apply died half-way: its checkpoint still holds the layout from before it.
-        Some(c) if c.interrupted() => {
-            println!(
+    let mut nothing = false;
+    let outcome = exec::apply_checkpointed(
+        &opened.gpus,
+        plans,
+        opts,
+        path,
+        gpus_changed,
+        inv,
+        applying,
+        converged,
+        |p| match p {
+            exec::Progress::Interrupted {
+                applying,
+                checkpoint,
+            } => println!(
                 "an earlier apply of {} was interrupted; converging (checkpoint {} keeps the layout from before it)",
-                c.applying.as_deref().unwrap_or("?"),
-                path.display()
-            );
-            c
-        }
-        _ if nothing_to_do => {
-            println!(
-                "nothing to do: the node already has config {}",
+                applying.unwrap_or("?"),
+                checkpoint.display()
+            ),
+            exec::Progress::NothingToDo => {
+                nothing = true;
+                println!(
+                    "nothing to do: the node already has config {}",
+                    opts.config_name
+                );
+            }
+            exec::Progress::Applied { changes } => println!(
+                "applied config {} ({changes} changes through the driver)",
                 opts.config_name
-            );
-            exec::execute(&opened.gpus, &[], opts)?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        _ => {
-            let c = plan::checkpoint_of(inv, gpus_changed, applying);
-            exec::write_checkpoint(path, &c)?;
-            c
-        }
-    };
-    let outcome = exec::execute(&opened.gpus, plans, opts)?;
-    let after = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
-    if outcome.pending_reset.is_empty() && !converged(&after)? {
-        bail!(
-            "the apply finished but the node does not match config {}; run apply again",
-            opts.config_name
-        );
+            ),
+        },
+    )?;
+    if nothing {
+        return Ok(ExitCode::SUCCESS);
     }
-    let mut done = base;
-    done.applying = None;
-    exec::write_checkpoint(path, &done)?;
-    println!(
-        "applied config {} ({} changes through the driver)",
-        opts.config_name, outcome.nvml_changes
-    );
     report_pending(&outcome)
 }
 
@@ -486,97 +478,9 @@ fn validate(args: &ConfigArgs, only: Option<&str>, gpu: Option<&str>) -> Result<
     {
         bail!("{} does not support MIG", m.key);
     }
-    let names: Vec<String> = match only {
-        Some(n) => vec![cfg.get(n)?.name.clone()],
-        None => cfg.names().into_iter().map(str::to_string).collect(),
-    };
-    let mut tally = Tally::default();
-    for name in names {
-        let named = cfg.get(&name)?;
-        for (i, entry) in named.entries.iter().enumerate() {
-            let at = format!("{name} entry {} (line {})", i + 1, entry.line);
-            if let Some(m) = forced
-                && !filter_selects(&entry.filters, m)
-            {
-                let filters: Vec<String> = entry.filters.iter().map(ToString::to_string).collect();
-                println!(
-                    "skip  {at}: device-filter {} does not select {}",
-                    filters.join(", "),
-                    m.key
-                );
-                tally.skipped += 1;
-                continue;
-            }
-            if !entry.mig_enabled {
-                println!("ok    {at}: MIG disabled");
-                tally.ok += 1;
-                continue;
-            }
-            let unknown: Vec<String> = entry
-                .filters
-                .iter()
-                .filter(|f| gpuops_catalog::by_pci_device_id((f.device >> 16) as u16).is_none())
-                .map(ToString::to_string)
-                .collect();
-            if !unknown.is_empty() && forced.is_none() {
-                println!(
-                    "note  {at}: device-filter {} names no GPU model gpuops knows; not checked for it",
-                    unknown.join(", ")
-                );
-            }
-            let filtered: Vec<&'static gpuops_catalog::GpuModel> = entry
-                .filters
-                .iter()
-                .filter_map(|f| gpuops_catalog::by_pci_device_id((f.device >> 16) as u16))
-                .collect();
-            let (models, strict): (Vec<&'static gpuops_catalog::GpuModel>, bool) = match forced {
-                Some(m) => (vec![m], true),
-                None if !filtered.is_empty() => (filtered, true),
-                None => (
-                    gpuops_catalog::models()
-                        .iter()
-                        .filter(|m| m.mig_capable())
-                        .collect(),
-                    false,
-                ),
-            };
-            let devices = match &entry.devices {
-                Devices::All => "all GPUs".to_string(),
-                Devices::List(l) => format!("GPUs {l:?}"),
-            };
-            let wanted = describe_counts(&entry.mig_devices);
-            let mut fits = Vec::new();
-            let mut misfits = Vec::new();
-            for m in models {
-                match planner::check(m, &entry.mig_devices) {
-                    Ok(_) => fits.push(m.key),
-                    Err(e) => misfits.push(e.to_string()),
-                }
-            }
-            if strict {
-                for e in &misfits {
-                    println!("FAIL  {at}: {e}");
-                }
-                if misfits.is_empty() {
-                    println!("ok    {at}: {wanted} on {devices} ({})", fits.join(", "));
-                    tally.ok += 1;
-                } else {
-                    tally.failed += 1;
-                }
-            } else if fits.is_empty() {
-                println!("FAIL  {at}: {wanted} fits no MIG-capable GPU:");
-                for e in &misfits {
-                    println!("        {e}");
-                }
-                tally.failed += 1;
-            } else {
-                println!(
-                    "ok    {at}: {wanted} fits {} (pass --gpu MODEL to check one model)",
-                    fits.join(", ")
-                );
-                tally.ok += 1;
-            }
-        }
+    let tally = gpuops_mig::validate::check(&cfg, only, forced)?;
+    for line in &tally.lines {
+        println!("{line}");
     }
     println!(
         "{} entries: {} ok, {} skipped (device-filter), {} failed",
@@ -592,47 +496,6 @@ fn validate(args: &ConfigArgs, only: Option<&str>, gpu: Option<&str>) -> Result<
     })
 }
 
-#[derive(Default)]
-struct Tally {
-    ok: usize,
-    skipped: usize,
-    failed: usize,
-}
-
-/// Whether an entry's device-filter lets a GPU of this model through: no filter selects every
-/// model; otherwise one of the filters must name one of the model's PCI device ids (a filter's
-/// subsystem part depends on the board, so a device-id match is taken to select it).
-fn filter_selects(filters: &[config::DeviceFilter], model: &gpuops_catalog::GpuModel) -> bool {
-    filters.is_empty()
-        || filters.iter().any(|f| {
-            f.device & 0xFFFF == 0x10DE && model.pci_device_ids.contains(&((f.device >> 16) as u16))
-        })
-}
-
-/// The node's MIG state as a mig-parted config named `current`, grouping identical GPUs.
-fn export(inv: &gpuops_inventory::Inventory) -> serde_json::Value {
-    let mut entries: Vec<(Vec<u32>, bool, std::collections::BTreeMap<String, u32>)> = Vec::new();
-    for g in inv.gpus.iter().filter(|g| g.mig.capable) {
-        let counts = plan::current_layout(g).counts();
-        let enabled = g.mig.current_enabled;
-        match entries.last_mut() {
-            Some((list, e, c)) if *e == enabled && *c == counts => list.push(g.index),
-            _ => entries.push((vec![g.index], enabled, counts)),
-        }
-    }
-    let list: Vec<serde_json::Value> = entries
-        .into_iter()
-        .map(|(devices, enabled, counts)| {
-            let mut e = serde_json::json!({"devices": devices, "mig-enabled": enabled});
-            if enabled {
-                e["mig-devices"] = serde_json::json!(counts);
-            }
-            e
-        })
-        .collect();
-    serde_json::json!({"version": "v1", "mig-configs": {"current": list}})
-}
-
 fn plan(demand: &str, fleet: Option<&str>, source: &GpuArgs, format: Format) -> Result<ExitCode> {
     let demand = workload::parse_demand(demand)?;
     let offers = match fleet {
@@ -645,21 +508,7 @@ fn plan(demand: &str, fleet: Option<&str>, source: &GpuArgs, format: Format) -> 
             }
             let opened = gpu_source::open(source)?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
-            let mut keys: Vec<String> = inv.gpus.iter().filter_map(|g| g.model.clone()).collect();
-            keys.dedup();
-            let text = keys
-                .iter()
-                .map(|k| {
-                    format!(
-                        "{}x {k}",
-                        inv.gpus
-                            .iter()
-                            .filter(|g| g.model.as_deref() == Some(k))
-                            .count()
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
+            let text = plan::fleet_of(&inv);
             if text.is_empty() {
                 bail!("this node has no GPU model gpuops knows; pass --gpus MODEL");
             }

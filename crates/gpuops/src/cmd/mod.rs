@@ -6,6 +6,7 @@ pub mod cdi;
 pub mod completion;
 pub mod doctor;
 pub mod extender;
+pub mod flags;
 pub mod inventory;
 pub mod manifests;
 pub mod mig;

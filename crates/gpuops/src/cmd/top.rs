@@ -1,8 +1,7 @@
 //! `gpuops top nodes|gpus|pods`: allocation and live use per node, GPU, MIG instance and pod, from
 //! the agents' metrics or Prometheus.
 
-use super::doctor::read::{self, KubeArgs};
-use super::doctor::sources::{self, MetricsArgs, MetricsFrom};
+use super::flags::{KubeArgs, MetricsArgs, MetricsFrom};
 use crate::output::{self, Format};
 use anyhow::{Context, Result, bail};
 use gpuops_doctor::top;
@@ -71,11 +70,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .context("starting the async runtime")?;
     let collected = runtime.block_on(async {
         let client = if args.metrics.metrics_from == Some(MetricsFrom::Agents) {
-            Some(read::client(&args.kube).await?)
+            Some(args.kube.client().await?)
         } else {
             None
         };
-        sources::collect(&args.metrics, client.as_ref(), None).await
+        gpuops_observe::collect(&args.metrics.sources(), client.as_ref(), None)
+            .await
+            .map_err(anyhow::Error::from)
     })?;
     for u in &collected.unread {
         eprintln!("could not read {u}");

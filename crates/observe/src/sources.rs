@@ -1,8 +1,8 @@
 //! Where metric samples come from: a Prometheus URL, agents' `/metrics` URLs, or the agent pods
 //! through the API server's pod proxy.
 
-use super::http::{self, Http, HttpArgs};
-use anyhow::{Context, Result};
+use crate::error::{ObserveError, chain};
+use crate::http::{self, Http, HttpOptions};
 use gpuops_doctor::Sample;
 use gpuops_doctor::metrics::{parse_exposition, parse_prometheus};
 use k8s_openapi::api::core::v1::Pod;
@@ -13,36 +13,23 @@ use std::time::Duration;
 /// The series the doctor and `top` read.
 const SERIES: &str = "{__name__=~\"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_FB_RESERVED|gpuops_device_allocated|gpuops_device_healthy|gpuops_xid_errors_total|gpuops_node_gpus|gpuops_node_gpus_healthy\"}";
 
-/// Metric source flags, shared by `doctor` and `top`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct MetricsArgs {
-    /// Prometheus base URL (http://HOST:9090 or https://...) to read GPU metrics from.
-    #[arg(long, value_name = "URL", env = "GPUOPS_PROMETHEUS")]
-    pub prometheus: Option<String>,
-    #[command(flatten)]
-    pub http: HttpArgs,
-    /// An agent's metrics URL (http://NODE:9400/metrics); repeatable.
-    #[arg(long = "metrics", value_name = "URL")]
-    pub metrics: Vec<String>,
-    /// Scrape every gpuops agent pod through the API server's pod proxy.
-    #[arg(long, value_enum, value_name = "FROM")]
-    pub metrics_from: Option<MetricsFrom>,
-    /// Label selector of the agent pods for --metrics-from agents.
-    #[arg(
-        long,
-        default_value = "app.kubernetes.io/name=gpuops",
-        value_name = "SELECTOR"
-    )]
-    pub agent_selector: String,
-    /// The agents' metrics port for --metrics-from agents.
-    #[arg(long, default_value_t = 9400, value_name = "PORT")]
-    pub agent_port: u16,
-}
+type Result<T, E = ObserveError> = std::result::Result<T, E>;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum MetricsFrom {
-    /// The agent pods' /metrics, through the API server.
-    Agents,
+/// Where to read metrics from, as `doctor`'s and `top`'s flags name it.
+#[derive(Debug, Clone, Default)]
+pub struct MetricSources {
+    /// Prometheus base URL (--prometheus).
+    pub prometheus: Option<String>,
+    /// Credentials and TLS for the URLs.
+    pub http: HttpOptions,
+    /// Agents' metrics URLs (--metrics).
+    pub metrics: Vec<String>,
+    /// Scrape the agent pods through the API server's pod proxy (--metrics-from agents).
+    pub from_agents: bool,
+    /// Label selector of the agent pods.
+    pub agent_selector: String,
+    /// The agents' metrics port.
+    pub agent_port: u16,
 }
 
 /// Samples, plus the window utilization is averaged over and a description of where they came from.
@@ -54,16 +41,10 @@ pub struct Collected {
     pub unread: Vec<String>,
 }
 
-impl MetricsArgs {
-    pub fn any(&self) -> bool {
-        self.prometheus.is_some() || !self.metrics.is_empty() || self.metrics_from.is_some()
-    }
-}
-
 /// Reads what the flags name. A source that fails is named in `unread`, and the others are still
 /// read. `averaged` also asks Prometheus for the last hour's mean utilization.
 pub async fn collect(
-    args: &MetricsArgs,
+    args: &MetricSources,
     client: Option<&Client>,
     averaged: Option<Duration>,
 ) -> Result<Collected> {
@@ -86,27 +67,31 @@ pub async fn collect(
                 out.samples.extend(samples);
                 out.utilization_window = window;
             }
-            Err(e) => out.unread.push(format!("--prometheus {base}: {e:#}")),
+            Err(e) => out
+                .unread
+                .push(format!("--prometheus {base}: {}", chain(&e))),
         }
     }
     if !args.metrics.is_empty() {
         let h = Http::new(&args.http, false)?;
         for url in &args.metrics {
-            let read = h
-                .get(url)
-                .await
-                .and_then(|text| parse_exposition(&text).with_context(|| format!("parsing {url}")));
+            let read = h.get(url).await.and_then(|text| {
+                parse_exposition(&text).map_err(|source| ObserveError::Parse {
+                    what: format!("parsing {url}"),
+                    source,
+                })
+            });
             match read {
                 Ok(samples) => {
                     out.from
                         .push(format!("{} samples from {url}", samples.len()));
                     out.samples.extend(samples);
                 }
-                Err(e) => out.unread.push(format!("--metrics {url}: {e:#}")),
+                Err(e) => out.unread.push(format!("--metrics {url}: {}", chain(&e))),
             }
         }
     }
-    if args.metrics_from == Some(MetricsFrom::Agents) {
+    if args.from_agents {
         match client {
             Some(client) => match agents(client, &args.agent_selector, args.agent_port).await {
                 Ok((samples, failed)) => {
@@ -115,7 +100,9 @@ pub async fn collect(
                     out.samples.extend(samples);
                     out.unread.extend(failed);
                 }
-                Err(e) => out.unread.push(format!("--metrics-from agents: {e:#}")),
+                Err(e) => out
+                    .unread
+                    .push(format!("--metrics-from agents: {}", chain(&e))),
             },
             None => out
                 .unread
@@ -128,7 +115,10 @@ pub async fn collect(
 async fn query(h: &Http, base: &str, q: &str, default_name: &str) -> Result<Vec<Sample>> {
     let url = format!("{base}/api/v1/query?query={}", http::encode(q));
     let body = h.get(&url).await?;
-    parse_prometheus(&body, default_name).with_context(|| format!("Prometheus query {q}"))
+    parse_prometheus(&body, default_name).map_err(|source| ObserveError::Parse {
+        what: format!("Prometheus query {q}"),
+        source,
+    })
 }
 
 async fn prometheus(
@@ -163,7 +153,10 @@ async fn agents(client: &Client, selector: &str, port: u16) -> Result<(Vec<Sampl
     let list = pods
         .list(&ListParams::default().labels(selector))
         .await
-        .with_context(|| format!("listing agent pods ({selector})"))?;
+        .map_err(|source| ObserveError::Kube {
+            what: format!("listing agent pods ({selector})"),
+            source,
+        })?;
     let mut out = Vec::new();
     let mut failed = Vec::new();
     for p in list.items {
@@ -174,7 +167,10 @@ async fn agents(client: &Client, selector: &str, port: u16) -> Result<(Vec<Sampl
         let path = format!("/api/v1/namespaces/{ns}/pods/{name}:{port}/proxy/metrics");
         let req = ::http::Request::get(&path)
             .body(Vec::new())
-            .context("building the proxy request")?;
+            .map_err(|source| ObserveError::Request {
+                what: "building the proxy request".into(),
+                source,
+            })?;
         match client.request_text(req).await {
             Ok(text) => match parse_exposition(&text) {
                 Ok(s) => out.extend(s),

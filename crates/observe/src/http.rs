@@ -1,36 +1,24 @@
 //! HTTP(S) GETs for Prometheus and agent `/metrics` URLs through reqwest (rustls): chunked and
 //! compressed bodies, HTTP/1.1 and 2, a bearer token or basic auth for a Prometheus behind a proxy.
 
-use anyhow::{Context, Result, bail};
+use crate::error::ObserveError;
 use std::path::PathBuf;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 
+type Result<T, E = ObserveError> = std::result::Result<T, E>;
+
 /// How to authenticate to Prometheus (and to the `--metrics` URLs, which share the flags).
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct HttpArgs {
-    /// Bearer token for --prometheus (e.g. a service account token behind an auth proxy).
-    #[arg(
-        long,
-        value_name = "TOKEN",
-        env = "GPUOPS_PROMETHEUS_TOKEN",
-        hide_env_values = true
-    )]
+#[derive(Debug, Clone, Default)]
+pub struct HttpOptions {
+    /// Bearer token for --prometheus.
     pub prometheus_token: Option<String>,
-    /// File holding the bearer token (re-read each run; what a mounted secret gives).
-    #[arg(long, value_name = "FILE", conflicts_with = "prometheus_token")]
+    /// File holding the bearer token (re-read each run).
     pub prometheus_token_file: Option<PathBuf>,
-    /// Basic auth for --prometheus as USER:PASSWORD (or put user:password@ in the URL).
-    #[arg(
-        long,
-        value_name = "USER:PASSWORD",
-        env = "GPUOPS_PROMETHEUS_BASIC_AUTH",
-        hide_env_values = true
-    )]
+    /// Basic auth for --prometheus as USER:PASSWORD.
     pub prometheus_basic_auth: Option<String>,
     /// Extra CA certificate (PEM) to trust for https:// URLs.
-    #[arg(long, value_name = "FILE")]
     pub prometheus_ca: Option<PathBuf>,
 }
 
@@ -51,25 +39,36 @@ pub struct Http {
 
 impl Http {
     /// Credentials from the flags apply to the Prometheus URL; the agents' URLs get none.
-    pub fn new(args: &HttpArgs, with_auth: bool) -> Result<Http> {
+    pub fn new(args: &HttpOptions, with_auth: bool) -> Result<Http> {
         let mut b = reqwest::Client::builder()
             .timeout(TIMEOUT)
             .connect_timeout(TIMEOUT)
             .user_agent(concat!("gpuops/", env!("CARGO_PKG_VERSION")));
         if let Some(ca) = &args.prometheus_ca {
-            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-            let cert = reqwest::Certificate::from_pem(&pem)
-                .with_context(|| format!("{}: not a PEM certificate", ca.display()))?;
+            let pem = std::fs::read(ca).map_err(|source| ObserveError::File {
+                what: format!("reading {}", ca.display()),
+                source,
+            })?;
+            let cert =
+                reqwest::Certificate::from_pem(&pem).map_err(|source| ObserveError::HttpSetup {
+                    what: format!("{}: not a PEM certificate", ca.display()),
+                    source,
+                })?;
             b = b.add_root_certificate(cert);
         }
-        let client = b.build().context("setting up the HTTP client")?;
+        let client = b.build().map_err(|source| ObserveError::HttpSetup {
+            what: "setting up the HTTP client".into(),
+            source,
+        })?;
         let auth = if !with_auth {
             Auth::None
         } else if let Some(t) = &args.prometheus_token {
             Auth::Bearer(t.trim().to_string())
         } else if let Some(f) = &args.prometheus_token_file {
-            let t = std::fs::read_to_string(f)
-                .with_context(|| format!("--prometheus-token-file {}", f.display()))?;
+            let t = std::fs::read_to_string(f).map_err(|source| ObserveError::File {
+                what: format!("--prometheus-token-file {}", f.display()),
+                source,
+            })?;
             Auth::Bearer(t.trim().to_string())
         } else if let Some(up) = &args.prometheus_basic_auth {
             let (u, p) = match up.split_once(':') {
@@ -86,9 +85,12 @@ impl Http {
     /// GETs `url` and returns the body of a 2xx answer as text (decoded whole, so a chunk
     /// boundary inside a UTF-8 character is no problem).
     pub async fn get(&self, url: &str) -> Result<String> {
-        let mut parsed = reqwest::Url::parse(url).with_context(|| format!("{url}: not a URL"))?;
+        let mut parsed = reqwest::Url::parse(url)
+            .map_err(|e| ObserveError::Http(format!("{url}: not a URL: {e}")))?;
         if !matches!(parsed.scheme(), "http" | "https") {
-            bail!("{url}: only http:// and https:// URLs are supported");
+            return Err(ObserveError::Http(format!(
+                "{url}: only http:// and https:// URLs are supported"
+            )));
         }
         // Credentials in the URL become basic auth, and never appear in messages.
         let mut auth = self.auth.clone();
@@ -107,17 +109,16 @@ impl Http {
         let resp = req
             .send()
             .await
-            .map_err(|e| anyhow::anyhow!("{shown}: {}", chain(&e)))?;
+            .map_err(|e| ObserveError::Http(format!("{shown}: {}", chain(&e))))?;
         let status = resp.status();
-        let body = resp
-            .text()
-            .await
-            .map_err(|e| anyhow::anyhow!("{shown}: reading the answer: {}", chain(&e)))?;
+        let body = resp.text().await.map_err(|e| {
+            ObserveError::Http(format!("{shown}: reading the answer: {}", chain(&e)))
+        })?;
         if !status.is_success() {
-            bail!(
+            return Err(ObserveError::Http(format!(
                 "{shown}: HTTP {status}: {}",
                 body.chars().take(300).collect::<String>().trim()
-            );
+            )));
         }
         Ok(body)
     }
@@ -220,7 +221,7 @@ mod tests {
         }
         resp.extend_from_slice(b"0\r\n\r\n");
         let (url, h) = serve_once(resp);
-        let http = Http::new(&HttpArgs::default(), false).unwrap();
+        let http = Http::new(&HttpOptions::default(), false).unwrap();
         let got = rt().block_on(http.get(&format!("{url}/metrics"))).unwrap();
         assert_eq!(got, "gpu_info{name=\"Caf\u{e9}\"} 1\n");
         let head = h.join().unwrap();
@@ -231,9 +232,9 @@ mod tests {
     fn bearer_token_and_basic_auth() {
         let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nup 1\n".to_vec();
         let (url, h) = serve_once(ok.clone());
-        let args = HttpArgs {
+        let args = HttpOptions {
             prometheus_token: Some("s3cret\n".into()),
-            ..HttpArgs::default()
+            ..HttpOptions::default()
         };
         let http = Http::new(&args, true).unwrap();
         assert_eq!(rt().block_on(http.get(&url)).unwrap(), "up 1\n");
@@ -245,9 +246,9 @@ mod tests {
         );
 
         let (url, h) = serve_once(ok.clone());
-        let args = HttpArgs {
+        let args = HttpOptions {
             prometheus_basic_auth: Some("prom:p@ss".into()),
-            ..HttpArgs::default()
+            ..HttpOptions::default()
         };
         let http = Http::new(&args, true).unwrap();
         rt().block_on(http.get(&url)).unwrap();
@@ -262,7 +263,7 @@ mod tests {
         let (url, h) =
             serve_once(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 6\r\n\r\nno way".to_vec());
         let with_user = url.replace("http://", "http://prom:hunter2@");
-        let http = Http::new(&HttpArgs::default(), true).unwrap();
+        let http = Http::new(&HttpOptions::default(), true).unwrap();
         let err = rt().block_on(http.get(&with_user)).unwrap_err().to_string();
         assert!(
             h.join()
@@ -276,9 +277,9 @@ mod tests {
 
         // Without with_auth (an agent's URL) no credentials are sent.
         let (url, h) = serve_once(ok);
-        let args = HttpArgs {
+        let args = HttpOptions {
             prometheus_token: Some("s3cret".into()),
-            ..HttpArgs::default()
+            ..HttpOptions::default()
         };
         rt().block_on(Http::new(&args, false).unwrap().get(&url))
             .unwrap();
@@ -296,7 +297,7 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
-        let http = Http::new(&HttpArgs::default(), false).unwrap();
+        let http = Http::new(&HttpOptions::default(), false).unwrap();
         let err = rt()
             .block_on(http.get(&format!("http://127.0.0.1:{port}/metrics")))
             .unwrap_err()

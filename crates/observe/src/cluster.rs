@@ -1,58 +1,33 @@
-//! Reading the cluster for the doctor: one paged list per kind (narrowed by `--node` and
+//! Reading the cluster for the doctor and top: one paged list per kind (narrowed by `--node` and
 //! `--namespace` where the rules allow), then logs of a few GPU pods.
 
-use anyhow::{Context, Result};
+use crate::error::{ObserveError, chain};
 use futures::StreamExt;
 use gpuops_doctor::LogExcerpt;
 use gpuops_doctor::resources::pod_gpus;
+use gpuops_kube::ClientOptions;
 use k8s_openapi::api::core::v1::{Event, Node, Pod, ResourceQuota};
 use kube::api::{ListParams, LogParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 use serde::de::DeserializeOwned;
 use std::collections::HashSet;
 use std::fmt::Debug;
-use std::path::PathBuf;
 use std::time::Duration;
 
 const PAGE: u32 = 500;
 
-/// Which cluster to talk to, as kubectl takes it.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct KubeArgs {
-    /// Path to the kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use (default: its current-context).
-    #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
-}
+type Result<T, E = ObserveError> = std::result::Result<T, E>;
 
-/// The Kubernetes client for `doctor` and `top`. One small function so the workspace's shared
-/// client builder (gpuops-kube) can take its place.
-pub async fn client(args: &KubeArgs) -> Result<Client> {
-    let options = KubeConfigOptions {
-        context: args.context.clone(),
-        ..KubeConfigOptions::default()
-    };
-    let mut config = match (&args.kubeconfig, &args.context) {
-        (Some(path), _) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-            Config::from_custom_kubeconfig(kc, &options)
-                .await
-                .with_context(|| format!("--kubeconfig {}", path.display()))?
-        }
-        (None, Some(ctx)) => Config::from_kubeconfig(&options)
-            .await
-            .with_context(|| format!("--context {ctx}"))?,
-        (None, None) => Config::infer()
-            .await
-            .context("finding the cluster (KUBECONFIG, ~/.kube/config or in-cluster)")?,
-    };
+/// The Kubernetes client for `doctor` and `top`: the shared builder's configuration, with a read
+/// timeout (these are lists, never watches) and a shorter connect timeout.
+pub async fn client(options: &ClientOptions) -> Result<Client> {
+    let mut config = options.config().await?;
     config.connect_timeout = Some(Duration::from_secs(10));
     config.read_timeout = Some(Duration::from_secs(60));
-    Client::try_from(config).context("connecting to Kubernetes")
+    Client::try_from(config).map_err(|source| ObserveError::Kube {
+        what: "connecting to Kubernetes".into(),
+        source,
+    })
 }
 
 /// Every object of a kind, in pages of 500.
@@ -70,7 +45,10 @@ where
         let page = api
             .list(&page_lp)
             .await
-            .with_context(|| format!("listing {what}"))?;
+            .map_err(|source| ObserveError::Kube {
+                what: format!("listing {what}"),
+                source,
+            })?;
         // managedFields are most of a real object's size and no rule reads them.
         out.extend(page.items.into_iter().map(|mut item| {
             item.meta_mut().managed_fields = None;
@@ -186,7 +164,7 @@ pub async fn cluster(client: &Client, namespace: Option<&str>, node: Option<&str
     };
     let mut unread = Vec::new();
     let quotas = quotas.unwrap_or_else(|e| {
-        unread.push(format!("resourcequotas: {e:#}"));
+        unread.push(format!("resourcequotas: {}", chain(&e)));
         Vec::new()
     });
     Ok(Read {
@@ -204,7 +182,10 @@ async fn one_node(client: &Client, name: &str) -> Result<Read> {
     let node = nodes_api
         .get(name)
         .await
-        .with_context(|| format!("--node {name}"))?;
+        .map_err(|source| ObserveError::Kube {
+            what: format!("--node {name}"),
+            source,
+        })?;
     let pool = node.metadata.labels.as_ref().and_then(|l| {
         POOL_LABELS
             .iter()
