@@ -812,7 +812,12 @@ fn operator_job(mode: &str, target: &str) -> String {
     let out = std::process::Command::new(bin.join("helm"))
         .args(["template", "gpuops"])
         .arg(&chart)
-        .args(["--namespace", "gpuops", "--set", "metrics.serviceMonitor.enabled=true"])
+        .args([
+            "--namespace",
+            "gpuops",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+        ])
         .args(["--set", &format!("metrics.serviceMonitor.podLabels={mode}")])
         .env("HELM_CACHE_HOME", home.path().join("cache"))
         .env("HELM_CONFIG_HOME", home.path().join("config"))
