@@ -7,4 +7,7 @@ pub enum AgentError {
     Kube(#[from] gpuops_kube::KubeError),
     #[error("device plugin config: {0}")]
     Config(String),
+    /// A setting that cannot work, named by its flag.
+    #[error("{0}")]
+    Invalid(String),
 }

@@ -22,7 +22,9 @@ mod mig;
 mod named;
 mod node;
 mod podresources;
+pub mod prepare;
 mod snapshot;
+mod startup;
 mod state;
 mod xid;
 
@@ -32,9 +34,12 @@ pub use exporter::Served;
 pub use feed::{ConfigSource, publish};
 pub use mig::{FlowConfig, REASON_ANNOTATION, SINCE_ANNOTATION, STATE_LABEL};
 pub use named::{LABEL as DEVICE_PLUGIN_CONFIG_LABEL, NamedConfigs, load_dir};
-pub use node::{FEATURE_MANAGER, HEALTH_MANAGER, MIG_MANAGER, NodeOptions};
+pub use node::{FEATURE_MANAGER, HEALTH_MANAGER, MIG_MANAGER, NodeOptions, StartupOptions};
 pub use podresources::{MAX_MESSAGE_BYTES as POD_RESOURCES_MAX_MESSAGE_BYTES, list_pod_resources};
 pub use snapshot::open_first as open_nvml;
+pub use startup::{
+    DEFAULT_STARTUP_TAINT, MigWanted, Readiness, StartupTaint, expected_devices, readiness,
+};
 pub use state::{NodeState, Probes, now_ms};
 pub use xid::describe_event;
 
@@ -81,6 +86,7 @@ pub struct MetricsConfig {
 }
 
 /// The agent's Kubernetes side.
+#[derive(Debug)]
 pub struct KubeConfig {
     pub client: gpuops_kube::ClientOptions,
     /// What the node reconciler keeps on the Node; `None`: nothing is written.

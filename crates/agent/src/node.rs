@@ -8,6 +8,7 @@
 //! retried with jittered exponential backoff.
 
 use crate::mig::MigReport;
+use crate::startup::{MigWanted, Readiness, StartupTaint};
 use crate::state::NodeState;
 use backon::BackoffBuilder;
 use gpuops_kube::{KubeError, NodeWriter, TaintWanted, now_secs, rfc3339};
@@ -41,6 +42,18 @@ pub struct NodeOptions {
     pub health: gpuops_labels::HealthPolicy,
     /// DMI product name, for `nvidia.com/gpu.machine`.
     pub machine_type: Option<String>,
+    /// The startup taint removed once the node's devices are advertised and healthy.
+    pub startup: Option<StartupOptions>,
+}
+
+/// The startup taint and where the MIG layout the node asks for comes from.
+#[derive(Debug, Clone)]
+pub struct StartupOptions {
+    pub taint: StartupTaint,
+    /// The MIG flow's config file (`None`: no MIG flow, the GPUs keep their layout).
+    pub mig_config_file: Option<std::path::PathBuf>,
+    /// The MIG flow's config for a node without `nvidia.com/mig.config`.
+    pub mig_default_config: Option<String>,
 }
 
 /// The reconciler's loop; returns when `stop` turns true.
@@ -62,6 +75,7 @@ pub(crate) async fn run(
         observed: None,
         labels_written: None,
         heartbeat_at: None,
+        startup_waiting: None,
     };
     let backoff = || {
         backon::ExponentialBuilder::default()
@@ -137,6 +151,8 @@ struct Reconciler {
     labels_written: Option<BTreeMap<String, String>>,
     /// When the condition's heartbeat was last written.
     heartbeat_at: Option<Instant>,
+    /// Why the startup taint was last kept (logged once per reason).
+    startup_waiting: Option<String>,
 }
 
 impl Reconciler {
@@ -268,6 +284,9 @@ impl Reconciler {
                 .await?;
             self.written(written);
         }
+        if let Some(startup) = self.opts.startup.clone() {
+            self.startup_taint(&startup, state, config).await?;
+        }
         if let Some(report) = mig {
             let node = self.observed().await?;
             if !metadata_agrees(&node, &report.labels, &report.annotations) {
@@ -276,6 +295,89 @@ impl Reconciler {
                     .apply_metadata(MIG_MANAGER, &report.labels, &report.annotations)
                     .await?;
                 self.written(written);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Reconciler {
+    /// Removes the startup taint once the node offers what it is configured to. Never adds it:
+    /// a startup taint is only for startup. Autoscalers (Cluster Autoscaler, Karpenter) count a
+    /// node that carries it as one still coming up; put back later (say, while a MIG change is
+    /// pending) it would make them take a running node for one that never became ready and
+    /// replace it. An agent restarted while the taint is still there removes it once ready.
+    async fn startup_taint(
+        &mut self,
+        startup: &StartupOptions,
+        state: &NodeState,
+        config: &Config,
+    ) -> Result<(), KubeError> {
+        let node = self.observed().await?;
+        let carried = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == startup.taint.key));
+        if !carried {
+            self.startup_waiting = None;
+            return Ok(());
+        }
+        let allocatable: BTreeMap<String, String> = node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .map(|a| a.iter().map(|(k, q)| (k.clone(), q.0.clone())).collect())
+            .unwrap_or_default();
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let wanted = startup.mig_config_file.as_ref().and_then(|file| {
+            labels
+                .get(crate::mig::CONFIG_LABEL)
+                .cloned()
+                .or_else(|| startup.mig_default_config.clone())
+                .map(|name| (file, name))
+        });
+        let parsed = wanted.as_ref().map(|(file, name)| {
+            let origin = file.display().to_string();
+            std::fs::read_to_string(file)
+                .map_err(|e| format!("MIG config file {origin}: {e}"))
+                .and_then(|text| {
+                    gpuops_mig::config::parse(&text, &origin).map_err(|e| e.to_string())
+                })
+                .and_then(|all| all.get(name).cloned().map_err(|e| format!("{origin}: {e}")))
+        });
+        let mig = match &parsed {
+            None => MigWanted::Current,
+            Some(Ok(named)) => MigWanted::Config(named),
+            Some(Err(why)) => MigWanted::Broken(why),
+        };
+        let key = &startup.taint.key;
+        match crate::startup::readiness(&state.inventory, config, &state.health, mig, &allocatable)
+        {
+            Readiness::Ready(summary) => {
+                let written = self
+                    .writer
+                    .set_taint(key, None, Some((*node).clone()))
+                    .await?;
+                self.written(written);
+                self.startup_waiting = None;
+                tracing::info!(
+                    node = self.writer.name(),
+                    taint = %key,
+                    "node {}: startup taint {key} removed: {summary} advertised and healthy",
+                    self.writer.name()
+                );
+            }
+            Readiness::Waiting(why) => {
+                if self.startup_waiting.as_deref() != Some(why.as_str()) {
+                    tracing::info!(
+                        node = self.writer.name(),
+                        taint = %key,
+                        "node {}: keeping startup taint {key}: {why}",
+                        self.writer.name()
+                    );
+                    self.startup_waiting = Some(why);
+                }
             }
         }
         Ok(())

@@ -4,7 +4,7 @@
 use crate::gpu_source::{self, GpuArgs};
 use crate::output;
 use anyhow::{Context, Result};
-use gpuops_agent::{AgentConfig, ConfigSource, FlowConfig, KubeConfig, MetricsConfig, NodeOptions};
+use gpuops_agent::{AgentConfig, ConfigSource, MetricsConfig, prepare};
 use gpuops_metrics::HostnameLabel;
 use gpuops_resources::health::HealthPolicy;
 use std::net::SocketAddr;
@@ -111,6 +111,11 @@ pub struct NodeFlags {
     /// The key of that taint.
     #[arg(long, env = "GPUOPS_TAINT_KEY", default_value = gpuops_labels::DEFAULT_TAINT_KEY)]
     taint_key: String,
+    /// KEY[=VALUE]:EFFECT removed from the node once every device it is configured to offer is
+    /// advertised and healthy (register it with the kubelet's --register-with-taints and declare
+    /// it to the autoscaler: docs/startup-taint.md); never put back. Empty: none.
+    #[arg(long, env = "GPUOPS_STARTUP_TAINT", default_value = gpuops_agent::DEFAULT_STARTUP_TAINT, value_name = "TAINT")]
+    startup_taint: String,
     /// mig-parted config file (a mounted ConfigMap) whose config the node label
     /// nvidia.com/mig.config names; the agent applies it and reports nvidia.com/mig.config.state.
     #[arg(long, env = "GPUOPS_MIG_CONFIG_FILE", value_name = "FILE")]
@@ -271,9 +276,6 @@ impl NvidiaFlags {
     }
 }
 
-/// Where the kubelet looks for device plugins.
-const KUBELET_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
-
 fn parse_hostname_label(text: &str) -> Result<HostnameLabel, String> {
     match text {
         "Hostname" => Ok(HostnameLabel::Upper),
@@ -282,36 +284,12 @@ fn parse_hostname_label(text: &str) -> Result<HostnameLabel, String> {
     }
 }
 
-fn node_name(given: Option<String>) -> String {
-    given
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
-/// What NVIDIA's device plugin says when NVML cannot be loaded, for the same situations.
-const NVML_HINTS: &str = "if this is a GPU node, is the NVIDIA driver installed and the container \
-    runtime set up to expose it (the nvidia runtime, or CDI)? If the driver is in a container, set \
-    --nvidia-driver-root / CONTAINER_DRIVER_ROOT. If this is not a GPU node, deploy the agent only \
-    to GPU nodes (a nodeSelector or affinity on nvidia.com/gpu.present)";
-
-/// Where metrics listen and how often they are collected, unless a flag or dcgm-exporter's env says.
-const DEFAULT_METRICS_ADDRESS: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9400);
-const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
-
 pub fn run(args: Args) -> Result<ExitCode> {
     // dcgm-exporter's env vars, so its DaemonSets can switch images; our flags and env win.
     let dcgm = gpuops_metrics::DcgmExporterEnv::from_vars(std::env::vars())?;
     for note in &dcgm.ignored {
         tracing::warn!("{note}");
     }
-    let metrics_address = args
-        .metrics_address
-        .or(dcgm.listen)
-        .unwrap_or(DEFAULT_METRICS_ADDRESS);
-    let interval = args.interval.or(dcgm.interval).unwrap_or(DEFAULT_INTERVAL);
     // Preparing may set the simulator's environment: do it before the runtime starts threads.
     let (library, simulation) = gpu_source::prepare(&args.gpus)?;
     let source = ConfigSource {
@@ -342,15 +320,28 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Err(e) if !config.fail_on_init_error() && !args.once => {
             tracing::error!(
                 error = %e,
-                "cannot load NVML; {NVML_HINTS}. FAIL_ON_INIT_ERROR=false: advertising nothing, serving the agent's own health and metrics, retrying with backoff"
+                "cannot load NVML; {}. FAIL_ON_INIT_ERROR=false: advertising nothing, serving the agent's own health and metrics, retrying with backoff",
+                prepare::NVML_HINTS
             );
             None
         }
         Err(e) => anyhow::bail!(
-            "{e}. {NVML_HINTS}; or set FAIL_ON_INIT_ERROR=false to keep the agent up without GPUs"
+            "{e}. {}; or set FAIL_ON_INIT_ERROR=false to keep the agent up without GPUs",
+            prepare::NVML_HINTS
         ),
     };
-    let node = node_name(args.node_name.clone());
+    let node = prepare::node_name(args.node_name.clone());
+    let places = prepare::places(
+        prepare::GivenPlaces {
+            metrics_address: args.metrics_address,
+            interval: args.interval,
+            pod_socket: args.pod_resources_socket.clone(),
+            plugin_dir: args.device_plugin_dir.clone(),
+        },
+        &dcgm,
+        simulation.as_ref().map(|s| s.state_dir.as_path()),
+    );
+    let (metrics_address, interval) = (places.metrics_address, places.interval);
     let first = match &gpus {
         Some(g) => g.snapshot().context("reading the GPUs")?,
         None => gpuops_inventory::Inventory::default(),
@@ -384,15 +375,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         println!("  metrics        http://{address}/metrics (DCGM-compatible, every {interval:?})");
         Some(listener)
     };
-    let pod_socket = args
-        .pod_resources_socket
-        .clone()
-        .or(dcgm.pod_resources_socket)
-        .or_else(|| {
-            simulation
-                .is_none()
-                .then(|| PathBuf::from(gpuops_kubelet_api::POD_RESOURCES_SOCKET))
-        });
+    let pod_socket = places.pod_socket.clone();
     if metrics_listener.is_some() {
         match &pod_socket {
             Some(p) => println!(
@@ -404,13 +387,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             ),
         }
     }
-    let plugin_dir = args
-        .device_plugin_dir
-        .clone()
-        .unwrap_or_else(|| match &simulation {
-            Some(sim) => sim.state_dir.join("device-plugins"),
-            None => PathBuf::from(KUBELET_DEVICE_PLUGIN_DIR),
-        });
+    let plugin_dir = places.plugin_dir;
     // A simulated node has no device nodes to probe: it gets NVIDIA's full layout.
     let host_devices = match &simulation {
         Some(_) => gpuops_resources::HostDevices::default(),
@@ -462,7 +439,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
             sim.state_dir.display()
         );
     }
-    let kube = kube_config(&args, simulation.as_ref(), pod_socket.clone())?;
+    let origin = prepare::GpuOrigin {
+        sim_state: simulation.as_ref().map(|s| s.state_dir.clone()),
+        nvml_lib: args.gpus.nvml_lib.clone(),
+    };
+    let kube = prepare::kube_config(
+        &args.node.settings(),
+        args.config_dir.is_some(),
+        &origin,
+        pod_socket.clone(),
+        std::env::current_exe,
+    )?;
     let metrics = metrics_listener.map(|listener| MetricsConfig {
         hostname_label: args.hostname_label,
         // DCGM_EXPORTER_KUBERNETES=false: no pod labels, as with dcgm-exporter.
@@ -497,84 +484,27 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The agent's Kubernetes side, as the flags configure it.
-fn kube_config(
-    args: &Args,
-    simulation: Option<&gpu_source::Simulation>,
-    pod_socket: Option<PathBuf>,
-) -> Result<Option<KubeConfig>> {
-    let flags = &args.node;
-    let client = gpuops_kube::ClientOptions {
-        kubeconfig: flags.kubeconfig.clone(),
-        context: flags.context.clone(),
-        request_timeout: flags.kube_timeout,
-        ..gpuops_kube::ClientOptions::default()
-    };
-    if !flags.kubernetes {
-        if flags.mig_config_file.is_some()
-            || flags.taint_unhealthy
-            || flags.nfd_features_file.is_some()
-        {
-            anyhow::bail!(
-                "--mig-config-file, --taint-unhealthy and --nfd-features-file act on the Kubernetes node: add --kubernetes"
-            );
-        }
-        // Named configs follow a node label: watch the node, write nothing.
-        return Ok(args.config_dir.is_some().then_some(KubeConfig {
-            client,
-            node: None,
-            mig: None,
-            resync: flags.node_resync,
-        }));
-    }
-    let mig = match &flags.mig_config_file {
-        Some(file) => {
-            // A config file that cannot be read now is reported, not fatal: a ConfigMap may
-            // appear later; the flow reports the problem on the node.
-            if let Err(e) = std::fs::metadata(file) {
-                tracing::warn!(file = %file.display(), "MIG config file {}: {e}", file.display());
-            }
-            let gpu_flags = match (simulation, &args.gpus.nvml_lib) {
-                (Some(sim), _) => vec![
-                    "--sim-state".to_string(),
-                    sim.state_dir.display().to_string(),
-                ],
-                (None, Some(lib)) => vec!["--nvml-lib".to_string(), lib.display().to_string()],
-                (None, None) => Vec::new(),
-            };
-            Some(FlowConfig {
-                config_file: file.clone(),
-                default_config: flags.mig_default_config.clone(),
-                drain_timeout: flags.mig_drain_timeout,
-                backoff_min: flags.mig_retry,
-                backoff_max: Duration::from_secs(600),
-                program: std::env::current_exe().context("locating the gpuops binary")?,
-                gpu_flags,
-                child_timeout: flags.mig_child_timeout,
-                pod_socket,
-            })
-        }
-        None => None,
-    };
-    let wants_node = !flags.no_feature_labels
-        || mig.is_some()
-        || flags.taint_unhealthy
-        || flags.nfd_features_file.is_some();
-    Ok(Some(KubeConfig {
-        client,
-        node: wants_node.then(|| NodeOptions {
-            feature_labels: !flags.no_feature_labels,
-            nfd_file: flags.nfd_features_file.clone(),
-            health: gpuops_labels::HealthPolicy {
-                taint_enabled: flags.taint_unhealthy,
-                taint_key: flags.taint_key.clone(),
+impl NodeFlags {
+    fn settings(&self) -> prepare::NodeSettings {
+        prepare::NodeSettings {
+            kubernetes: self.kubernetes,
+            no_feature_labels: self.no_feature_labels,
+            nfd_features_file: self.nfd_features_file.clone(),
+            taint_unhealthy: self.taint_unhealthy,
+            taint_key: self.taint_key.clone(),
+            startup_taint: self.startup_taint.clone(),
+            mig_config_file: self.mig_config_file.clone(),
+            mig_default_config: self.mig_default_config.clone(),
+            mig_drain_timeout: self.mig_drain_timeout,
+            mig_retry: self.mig_retry,
+            mig_child_timeout: self.mig_child_timeout,
+            node_resync: self.node_resync,
+            client: gpuops_kube::ClientOptions {
+                kubeconfig: self.kubeconfig.clone(),
+                context: self.context.clone(),
+                request_timeout: self.kube_timeout,
+                ..gpuops_kube::ClientOptions::default()
             },
-            machine_type: std::fs::read_to_string("/sys/class/dmi/id/product_name")
-                .ok()
-                .filter(|_| simulation.is_none())
-                .map(|s| s.trim().to_string()),
-        }),
-        mig,
-        resync: flags.node_resync,
-    }))
+        }
+    }
 }

@@ -1,0 +1,318 @@
+//! From the agent's settings (its flags and env vars as plain data) to the checked parts of
+//! [`crate::AgentConfig`]: the Kubernetes side, the defaults taken from dcgm-exporter's env, and
+//! where the device plugin and PodResources sockets are.
+
+use crate::KubeConfig;
+use crate::error::AgentError;
+use crate::mig::FlowConfig;
+use crate::node::{NodeOptions, StartupOptions};
+use crate::startup::StartupTaint;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What the agent does on its Kubernetes Node, as the flags say.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    /// `--kubernetes`: this agent runs for a Kubernetes node.
+    pub kubernetes: bool,
+    pub no_feature_labels: bool,
+    pub nfd_features_file: Option<PathBuf>,
+    pub taint_unhealthy: bool,
+    pub taint_key: String,
+    /// `KEY[=VALUE]:EFFECT`; empty: no startup taint.
+    pub startup_taint: String,
+    pub mig_config_file: Option<PathBuf>,
+    pub mig_default_config: Option<String>,
+    pub mig_drain_timeout: Duration,
+    pub mig_retry: Duration,
+    pub mig_child_timeout: Duration,
+    pub node_resync: Duration,
+    pub client: gpuops_kube::ClientOptions,
+}
+
+/// Where the agent's GPUs come from, as far as the Kubernetes side needs to know.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOrigin {
+    /// The simulator's state directory, when simulating.
+    pub sim_state: Option<PathBuf>,
+    /// `--nvml-lib`, when given.
+    pub nvml_lib: Option<PathBuf>,
+}
+
+impl GpuOrigin {
+    /// The GPU-source flags the `gpuops mig` children need to reach the same GPUs.
+    pub fn mig_child_flags(&self) -> Vec<String> {
+        match (&self.sim_state, &self.nvml_lib) {
+            (Some(state), _) => vec!["--sim-state".into(), state.display().to_string()],
+            (None, Some(lib)) => vec!["--nvml-lib".into(), lib.display().to_string()],
+            (None, None) => Vec::new(),
+        }
+    }
+}
+
+/// The agent's Kubernetes side. `named_configs`: device plugin configs picked by a node label
+/// (the node is then watched even when nothing is written). `program` is the `gpuops` binary the
+/// MIG flow runs.
+pub fn kube_config(
+    s: &NodeSettings,
+    named_configs: bool,
+    gpus: &GpuOrigin,
+    pod_socket: Option<PathBuf>,
+    program: impl FnOnce() -> std::io::Result<PathBuf>,
+) -> Result<Option<KubeConfig>, AgentError> {
+    let startup = StartupTaint::parse(&s.startup_taint)
+        .map_err(|e| AgentError::Invalid(format!("--startup-taint {e}")))?;
+    if !s.kubernetes {
+        if s.mig_config_file.is_some() || s.taint_unhealthy || s.nfd_features_file.is_some() {
+            return Err(AgentError::Invalid(
+                "--mig-config-file, --taint-unhealthy and --nfd-features-file act on the Kubernetes node: add --kubernetes".into(),
+            ));
+        }
+        // Named configs follow a node label: watch the node, write nothing.
+        return Ok(named_configs.then(|| KubeConfig {
+            client: s.client.clone(),
+            node: None,
+            mig: None,
+            resync: s.node_resync,
+        }));
+    }
+    let mig = match &s.mig_config_file {
+        Some(file) => {
+            // A config file that cannot be read now is reported, not fatal: a ConfigMap may
+            // appear later; the flow reports the problem on the node.
+            if let Err(e) = std::fs::metadata(file) {
+                tracing::warn!(file = %file.display(), "MIG config file {}: {e}", file.display());
+            }
+            Some(FlowConfig {
+                config_file: file.clone(),
+                default_config: s.mig_default_config.clone(),
+                drain_timeout: s.mig_drain_timeout,
+                backoff_min: s.mig_retry,
+                backoff_max: Duration::from_secs(600),
+                program: program()
+                    .map_err(|e| AgentError::Invalid(format!("locating the gpuops binary: {e}")))?,
+                gpu_flags: gpus.mig_child_flags(),
+                child_timeout: s.mig_child_timeout,
+                pod_socket,
+            })
+        }
+        None => None,
+    };
+    let wants_node = !s.no_feature_labels
+        || mig.is_some()
+        || s.taint_unhealthy
+        || s.nfd_features_file.is_some()
+        || startup.is_some();
+    Ok(Some(KubeConfig {
+        client: s.client.clone(),
+        node: wants_node.then(|| NodeOptions {
+            feature_labels: !s.no_feature_labels,
+            nfd_file: s.nfd_features_file.clone(),
+            health: gpuops_labels::HealthPolicy {
+                taint_enabled: s.taint_unhealthy,
+                taint_key: s.taint_key.clone(),
+            },
+            machine_type: std::fs::read_to_string("/sys/class/dmi/id/product_name")
+                .ok()
+                .filter(|_| gpus.sim_state.is_none())
+                .map(|s| s.trim().to_string()),
+            startup: startup.map(|taint| StartupOptions {
+                taint,
+                mig_config_file: s.mig_config_file.clone(),
+                mig_default_config: s.mig_default_config.clone(),
+            }),
+        }),
+        mig,
+        resync: s.node_resync,
+    }))
+}
+
+/// The node's name: the one given, else the host name, else `localhost`.
+pub fn node_name(given: Option<String>) -> String {
+    given
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// What NVIDIA's device plugin says when NVML cannot be loaded, for the same situations.
+pub const NVML_HINTS: &str = "if this is a GPU node, is the NVIDIA driver installed and the container \
+    runtime set up to expose it (the nvidia runtime, or CDI)? If the driver is in a container, set \
+    --nvidia-driver-root / CONTAINER_DRIVER_ROOT. If this is not a GPU node, deploy the agent only \
+    to GPU nodes (a nodeSelector or affinity on nvidia.com/gpu.present)";
+
+/// Where metrics listen and how often they are collected, unless a flag or dcgm-exporter's env says.
+pub const DEFAULT_METRICS_ADDRESS: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9400);
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+/// Where the kubelet looks for device plugins.
+pub const KUBELET_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+
+/// The exporter's and device plugin's places, from the flags (`given`) and dcgm-exporter's env.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Places {
+    pub metrics_address: SocketAddr,
+    pub interval: Duration,
+    /// The kubelet's PodResources socket; `None` on a simulated node unless given.
+    pub pod_socket: Option<PathBuf>,
+    pub plugin_dir: PathBuf,
+}
+
+/// Flags win over dcgm-exporter's env vars, which win over the defaults. A simulated node
+/// (`sim_state`) touches no system path unless told to.
+pub fn places(
+    given: GivenPlaces,
+    dcgm: &gpuops_metrics::DcgmExporterEnv,
+    sim_state: Option<&Path>,
+) -> Places {
+    Places {
+        metrics_address: given
+            .metrics_address
+            .or(dcgm.listen)
+            .unwrap_or(DEFAULT_METRICS_ADDRESS),
+        interval: given.interval.or(dcgm.interval).unwrap_or(DEFAULT_INTERVAL),
+        pod_socket: given
+            .pod_socket
+            .or_else(|| dcgm.pod_resources_socket.clone())
+            .or_else(|| {
+                sim_state
+                    .is_none()
+                    .then(|| PathBuf::from(gpuops_kubelet_api::POD_RESOURCES_SOCKET))
+            }),
+        plugin_dir: given.plugin_dir.unwrap_or_else(|| match sim_state {
+            Some(state) => state.join("device-plugins"),
+            None => PathBuf::from(KUBELET_DEVICE_PLUGIN_DIR),
+        }),
+    }
+}
+
+/// The places the flags give, each optional.
+#[derive(Debug, Clone, Default)]
+pub struct GivenPlaces {
+    pub metrics_address: Option<SocketAddr>,
+    pub interval: Option<Duration>,
+    pub pod_socket: Option<PathBuf>,
+    pub plugin_dir: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> NodeSettings {
+        NodeSettings {
+            kubernetes: true,
+            no_feature_labels: true,
+            nfd_features_file: None,
+            taint_unhealthy: false,
+            taint_key: gpuops_labels::DEFAULT_TAINT_KEY.into(),
+            startup_taint: crate::DEFAULT_STARTUP_TAINT.into(),
+            mig_config_file: None,
+            mig_default_config: None,
+            mig_drain_timeout: Duration::from_secs(300),
+            mig_retry: Duration::from_secs(30),
+            mig_child_timeout: Duration::from_secs(600),
+            node_resync: Duration::from_secs(300),
+            client: gpuops_kube::ClientOptions::default(),
+        }
+    }
+
+    fn program() -> std::io::Result<PathBuf> {
+        Ok(PathBuf::from("/usr/bin/gpuops"))
+    }
+
+    #[test]
+    fn the_startup_taint_is_on_by_default_and_an_empty_flag_turns_it_off() {
+        let k = kube_config(&settings(), false, &GpuOrigin::default(), None, program)
+            .unwrap()
+            .unwrap();
+        let startup = k.node.unwrap().startup.unwrap();
+        assert_eq!(startup.taint.key, "gpuops.io/gpu-not-ready");
+        assert_eq!(startup.taint.effect, "NoSchedule");
+        let off = NodeSettings {
+            startup_taint: String::new(),
+            ..settings()
+        };
+        // Nothing else to write: no node reconciler at all.
+        let k = kube_config(&off, false, &GpuOrigin::default(), None, program)
+            .unwrap()
+            .unwrap();
+        assert!(k.node.is_none());
+    }
+
+    #[test]
+    fn a_bad_startup_taint_or_node_flags_without_kubernetes_are_refused_by_name() {
+        let bad = NodeSettings {
+            startup_taint: "gpuops.io/x:Never".into(),
+            ..settings()
+        };
+        let e = kube_config(&bad, false, &GpuOrigin::default(), None, program).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("--startup-taint \"gpuops.io/x:Never\": the effect \"Never\""),
+            "{e}"
+        );
+        let off = NodeSettings {
+            kubernetes: false,
+            taint_unhealthy: true,
+            ..settings()
+        };
+        let e = kube_config(&off, false, &GpuOrigin::default(), None, program).unwrap_err();
+        assert!(e.to_string().contains("add --kubernetes"), "{e}");
+        let plain = NodeSettings {
+            kubernetes: false,
+            ..settings()
+        };
+        let k = kube_config(&plain, true, &GpuOrigin::default(), None, program).unwrap();
+        assert!(k.is_some_and(|k| k.node.is_none()));
+    }
+
+    #[test]
+    fn the_mig_flow_reaches_the_same_gpus_and_the_startup_taint_knows_its_file() {
+        let with_mig = NodeSettings {
+            mig_config_file: Some(PathBuf::from("/etc/gpuops/mig.yaml")),
+            mig_default_config: Some("all-disabled".into()),
+            ..settings()
+        };
+        let sim = GpuOrigin {
+            sim_state: Some(PathBuf::from("/tmp/n1")),
+            nvml_lib: None,
+        };
+        let k = kube_config(&with_mig, false, &sim, None, program)
+            .unwrap()
+            .unwrap();
+        let flow = k.mig.unwrap();
+        assert_eq!(flow.gpu_flags, ["--sim-state", "/tmp/n1"]);
+        assert_eq!(flow.program, PathBuf::from("/usr/bin/gpuops"));
+        let startup = k.node.unwrap().startup.unwrap();
+        assert_eq!(
+            startup.mig_config_file,
+            Some(PathBuf::from("/etc/gpuops/mig.yaml"))
+        );
+        assert_eq!(startup.mig_default_config.as_deref(), Some("all-disabled"));
+    }
+
+    #[test]
+    fn flags_win_over_dcgm_exporter_env_and_a_simulated_node_touches_no_system_path() {
+        let dcgm = gpuops_metrics::DcgmExporterEnv::from_vars([
+            ("DCGM_EXPORTER_LISTEN".to_string(), ":9500".to_string()),
+            ("DCGM_EXPORTER_INTERVAL".to_string(), "30000".to_string()),
+        ])
+        .unwrap();
+        let p = places(GivenPlaces::default(), &dcgm, Some(Path::new("/tmp/sim")));
+        assert_eq!(p.metrics_address.port(), 9500);
+        assert_eq!(p.interval, Duration::from_secs(30));
+        assert_eq!(p.pod_socket, None);
+        assert_eq!(p.plugin_dir, PathBuf::from("/tmp/sim/device-plugins"));
+        let given = GivenPlaces {
+            interval: Some(Duration::from_secs(1)),
+            ..GivenPlaces::default()
+        };
+        let p = places(given, &dcgm, None);
+        assert_eq!(p.interval, Duration::from_secs(1));
+        assert_eq!(p.plugin_dir, PathBuf::from(KUBELET_DEVICE_PLUGIN_DIR));
+        assert!(p.pod_socket.is_some());
+    }
+}
