@@ -63,12 +63,31 @@ enum Command {
     Man(cmd::completion::ManArgs),
 }
 
+/// `gpuops catalog | head -1`: once the reader is gone, end as coreutils do (killed by SIGPIPE,
+/// status 141) instead of panicking in `println!`. Rust ignores SIGPIPE so that a write to a
+/// closed socket is an error, not death; the servers (agent, exporter, extender) keep that.
+fn die_quietly_on_broken_pipe() {
+    // SAFETY: called once at start-up, before any thread exists; SIG_DFL is a valid disposition
+    // and no handler runs Rust code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     // kubectl runs plugins as `kubectl-gpu`: same binary, same commands.
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Agent(_) | Command::Exporter(_) => "info",
-        _ => "warn",
+        // `agent --once` prints and exits like any CLI command.
+        Command::Agent(ref a) if a.once() => {
+            die_quietly_on_broken_pipe();
+            "info"
+        }
+        Command::Agent(_) | Command::Exporter(_) | Command::SchedulerExtender(_) => "info",
+        _ => {
+            die_quietly_on_broken_pipe();
+            "warn"
+        }
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| {

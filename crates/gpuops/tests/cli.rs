@@ -852,3 +852,46 @@ fn the_shipped_binary_has_no_test_only_knobs() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// `gpuops catalog | head -1`: the reader is gone before the first line is written. Every
+/// command that prints ends quietly, killed by SIGPIPE as coreutils are (or with status 0), never
+/// with a panic.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    for args in [
+        &["catalog"][..],
+        &["inventory", "--simulate", "dgx-h100"],
+        &["inventory", "--simulate", "dgx-h100", "-o", "json"],
+        &["mig", "export", "--simulate", "dgx-h100"],
+        &["sim", "fleets"],
+        &["agent", "--simulate", "l4x4", "--once"],
+        &["completion", "bash"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = gpuops()
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert!(
+            o.status.success() || o.status.signal() == Some(libc_sigpipe()),
+            "gpuops {}: {:?}\n{err}",
+            args.join(" "),
+            o.status
+        );
+        assert!(
+            !err.contains("panicked"),
+            "gpuops {}: {err}",
+            args.join(" ")
+        );
+    }
+}
+
+/// SIGPIPE's number on Linux.
+fn libc_sigpipe() -> i32 {
+    13
+}

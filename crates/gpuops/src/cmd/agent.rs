@@ -191,6 +191,13 @@ pub struct ExporterArgs {
     health_quiet_period: Duration,
 }
 
+impl Args {
+    /// `--once`: print the inventory and exit.
+    pub fn once(&self) -> bool {
+        self.once
+    }
+}
+
 /// `gpuops exporter`: the agent loop with metrics only.
 pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
     run(Args {
