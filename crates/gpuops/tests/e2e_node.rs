@@ -781,3 +781,180 @@ fn a_default_mig_layout_is_in_place_before_the_gpus_are_advertised() {
         Some("success")
     );
 }
+
+/// Whether the node carries the default startup taint.
+fn has_startup_taint(node: &serde_json::Value) -> bool {
+    node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|ts| ts.iter().any(|t| t["key"] == "gpuops.io/gpu-not-ready"))
+}
+
+fn allocatable_of(node: &serde_json::Value, resource: &str) -> i64 {
+    node["status"]["allocatable"][resource]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn sim_init(cluster: &Cluster, name: &str, fleet: &str) -> String {
+    let file = cluster.dir().join(format!("{name}.yaml"));
+    std::fs::write(&file, fleet).unwrap();
+    let state = cluster.dir().join(name).to_str().unwrap().to_string();
+    let o = common::run(&[
+        "sim",
+        "init",
+        "--fleet",
+        file.to_str().unwrap(),
+        "--state",
+        &state,
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    state
+}
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_startup_taint_goes_once_the_configured_devices_are_allocatable_and_never_comes_back() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    // A node registered with the taint (the kubelet's --register-with-taints) and whole GPUs.
+    let node = HarnessNode::start(&cluster, "new-node").unwrap();
+    let taint = "gpuops.io/gpu-not-ready:NoSchedule";
+    cluster
+        .kubectl(&["taint", "node", "new-node", taint])
+        .unwrap();
+    let state = sim_init(&cluster, "l4", "gpus:\n- model: L4\n  count: 4\n");
+    let agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent-1.log"),
+        &["--sim-state", &state],
+        &[],
+    );
+    let mut too_early = Vec::new();
+    wait_until("the startup taint removed", Duration::from_secs(60), || {
+        let n = node_json(&cluster, "new-node");
+        let gone = !has_startup_taint(&n);
+        if gone && allocatable_of(&n, "nvidia.com/gpu") < 4 {
+            too_early.push(allocatable_of(&n, "nvidia.com/gpu"));
+        }
+        gone
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    assert!(
+        too_early.is_empty(),
+        "taint removed with only {too_early:?} of 4 GPUs allocatable\n{}",
+        agent.log()
+    );
+    assert!(
+        agent
+            .log()
+            .contains("startup taint gpuops.io/gpu-not-ready removed: 4 nvidia.com/gpu"),
+        "{}",
+        agent.log()
+    );
+    drop(agent);
+
+    // A node asking for a MIG layout: the taint stays until the apply finished and the MIG
+    // devices are allocatable (slow driver steps, with the test-only knob, widen the window).
+    let node = HarnessNode::start(&cluster, "mig-new-node").unwrap();
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            "mig-new-node",
+            "nvidia.com/mig.config=all-1g.10gb",
+        ])
+        .unwrap();
+    cluster
+        .kubectl(&["taint", "node", "mig-new-node", taint])
+        .unwrap();
+    let state = sim_init(
+        &cluster,
+        "a100",
+        "gpus:\n- model: A100-SXM4-80GB\n  count: 2\n",
+    );
+    let configs = cluster.dir().join("mig-configs.yaml");
+    std::fs::write(&configs, MIG_CONFIGS).unwrap();
+    let agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent-2.log"),
+        &[
+            "--sim-state",
+            &state,
+            "--mig-config-file",
+            configs.to_str().unwrap(),
+            "--node-resync",
+            "3s",
+        ],
+        &[
+            ("MIG_STRATEGY", "mixed"),
+            ("GPUOPS_MIG_STEP_DELAY", "300ms"),
+        ],
+    );
+    let mut held_while_pending = false;
+    let mut at_removal = None;
+    wait_until(
+        "the startup taint removed after the MIG apply",
+        Duration::from_secs(90),
+        || {
+            let n = node_json(&cluster, "mig-new-node");
+            let state = n["metadata"]["labels"]["nvidia.com/mig.config.state"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            if has_startup_taint(&n) {
+                held_while_pending |= state == "pending";
+                return false;
+            }
+            at_removal = Some((state, allocatable_of(&n, "nvidia.com/mig-1g.10gb")));
+            true
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    assert_eq!(
+        at_removal,
+        Some(("success".to_string(), 14)),
+        "{}",
+        agent.log()
+    );
+    if cfg!(feature = "test-hooks") {
+        assert!(
+            held_while_pending,
+            "never saw the taint held while pending\n{}",
+            agent.log()
+        );
+    }
+
+    // Startup taints are only for startup: a later MIG change does not put it back.
+    cluster
+        .kubectl(&[
+            "label",
+            "--overwrite",
+            "node",
+            "mig-new-node",
+            "nvidia.com/mig.config=all-disabled",
+        ])
+        .unwrap();
+    let mut saw_pending = false;
+    let mut retainted = false;
+    wait_until(
+        "whole GPUs back after all-disabled",
+        Duration::from_secs(90),
+        || {
+            let n = node_json(&cluster, "mig-new-node");
+            let state = n["metadata"]["labels"]["nvidia.com/mig.config.state"]
+                .as_str()
+                .unwrap_or("");
+            saw_pending |= state == "pending";
+            retainted |= has_startup_taint(&n);
+            saw_pending && state == "success" && allocatable_of(&n, "nvidia.com/gpu") == 2
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    assert!(
+        !retainted,
+        "the startup taint came back during a MIG change\n{}",
+        agent.log()
+    );
+}
