@@ -229,6 +229,16 @@ fn the_static_manifest_has_the_agent_daemonset() {
             "toleration of {key}: {tolerations:?}"
         );
     }
+    // The agent must run on a node that still carries its startup taint, to remove it.
+    assert!(
+        tolerations.contains(&json!({"key": "gpuops.io/gpu-not-ready", "operator": "Exists"})),
+        "toleration of the startup taint: {tolerations:?}"
+    );
+    assert!(
+        args_of(ds).contains(&"--startup-taint=gpuops.io/gpu-not-ready:NoSchedule".to_string()),
+        "{:?}",
+        args_of(ds)
+    );
     assert_eq!(pod["priorityClassName"], "system-node-critical");
     assert_eq!(
         pod["nodeSelector"],
