@@ -2,11 +2,14 @@
 //! [`crate::AgentConfig`]: the Kubernetes side, the defaults taken from dcgm-exporter's env, and
 //! where the device plugin and PodResources sockets are.
 
-use crate::KubeConfig;
 use crate::error::AgentError;
 use crate::mig::FlowConfig;
 use crate::node::{NodeOptions, StartupOptions};
 use crate::startup::StartupTaint;
+use crate::{ConfigSource, KubeConfig};
+use gpuops_nvml::Library;
+use gpuops_resources::config::Config;
+use gpuops_resources::health::HealthPolicy;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -197,6 +200,89 @@ pub struct GivenPlaces {
     pub plugin_dir: Option<PathBuf>,
 }
 
+/// Where the device plugin config comes from: `--config-file`, or a directory of named configs,
+/// with the flags' and NVIDIA's env vars' overrides; resolved once now, so a bad config stops
+/// the start with its file and line.
+pub fn config_source(
+    file: Option<PathBuf>,
+    dir: Option<&Path>,
+    flags: gpuops_resources::Overrides,
+    env: gpuops_resources::Overrides,
+) -> Result<(ConfigSource, Config), AgentError> {
+    let named = dir.map(crate::load_dir).transpose()?;
+    let source = ConfigSource {
+        file,
+        named,
+        flags,
+        env,
+    };
+    let config = source.resolve(None).map_err(AgentError::Config)?;
+    Ok((source, config))
+}
+
+/// Where to look for NVML: the library the flags name, or on a real node the driver's under
+/// the config's driver roots (a driver container's first).
+pub fn nvml_libraries(library: &Library, simulated: bool, config: &Config) -> Vec<Library> {
+    match (library, simulated) {
+        (Library::System, false) => gpuops_gpus::driver_libraries(&[
+            config
+                .flags
+                .plugin
+                .container_driver_root
+                .as_deref()
+                .unwrap_or_default(),
+            config.nvidia_driver_root(),
+        ]),
+        _ => vec![library.clone()],
+    }
+}
+
+/// Opens NVML. Without it the agent stops, unless FAIL_ON_INIT_ERROR=false (and not `once`):
+/// then it runs without GPUs (`None`), serving its own health and metrics, and retries.
+pub fn open_gpus(
+    libraries: &[Library],
+    sysfs_root: &Path,
+    config: &Config,
+    once: bool,
+) -> Result<Option<gpuops_nvml::Gpus>, AgentError> {
+    match crate::open_nvml(libraries, sysfs_root) {
+        Ok(g) => Ok(Some(g)),
+        Err(e) if !config.fail_on_init_error() && !once => {
+            tracing::error!(
+                error = %e,
+                "cannot load NVML; {NVML_HINTS}. FAIL_ON_INIT_ERROR=false: advertising nothing, serving the agent's own health and metrics, retrying with backoff"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(AgentError::Invalid(format!(
+            "{e}. {NVML_HINTS}; or set FAIL_ON_INIT_ERROR=false to keep the agent up without GPUs"
+        ))),
+    }
+}
+
+/// The host's device nodes for Allocate's device specs. A simulated node has none to probe: it
+/// gets NVIDIA's full layout.
+pub fn host_devices(simulated: bool, config: &Config) -> gpuops_resources::HostDevices {
+    if simulated {
+        return gpuops_resources::HostDevices::default();
+    }
+    gpuops_deviceplugin::probe_host(Path::new(config.nvidia_dev_root()), Path::new("/proc"))
+}
+
+/// NVIDIA's DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS, and the quiet period after which
+/// an XID no longer counts.
+pub fn health_policy(
+    vars: impl Fn(&str) -> Option<String>,
+    quiet: Duration,
+) -> Result<HealthPolicy, AgentError> {
+    HealthPolicy::from_env(
+        vars("DP_DISABLE_HEALTHCHECKS").as_deref(),
+        vars("DP_ENABLE_HEALTHCHECKS").as_deref(),
+        quiet.as_millis() as u64,
+    )
+    .map_err(AgentError::Invalid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,5 +400,26 @@ mod tests {
         assert_eq!(p.interval, Duration::from_secs(1));
         assert_eq!(p.plugin_dir, PathBuf::from(KUBELET_DEVICE_PLUGIN_DIR));
         assert!(p.pod_socket.is_some());
+    }
+
+    #[test]
+    fn a_bad_device_plugin_config_or_health_setting_stops_the_start_with_its_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        std::fs::write(&file, "version: v1\nflags:\n  migStrategy: sometimes\n").unwrap();
+        let e = config_source(
+            Some(file.clone()),
+            None,
+            gpuops_resources::Overrides::default(),
+            gpuops_resources::Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("config.yaml") && e.contains("sometimes"), "{e}");
+        let vars = |v: &str| (v == "DP_DISABLE_HEALTHCHECKS").then(|| "maybe".to_string());
+        let e = health_policy(vars, Duration::from_secs(60)).unwrap_err();
+        assert!(e.to_string().contains("maybe"), "{e}");
+        let libs = nvml_libraries(&Library::System, true, &gpuops_resources::Config::default());
+        assert_eq!(libs, [Library::System]);
     }
 }

@@ -4,7 +4,7 @@ use anyhow::Result;
 use gpuops_nvml::Library;
 use std::path::PathBuf;
 
-pub use gpuops_gpus::{Opened, Simulation, describe, driver_libraries, now_ms};
+pub use gpuops_gpus::{Opened, Simulation, describe, now_ms};
 
 /// The flags every command that reads GPUs takes.
 #[derive(Debug, Clone, clap::Args)]

@@ -20,6 +20,31 @@ pub enum PlanError {
     CheckpointedGpuMissing { index: u32, uuid: String },
 }
 
+/// What a named config asks of each GPU it selects on this node.
+pub fn targets_of(
+    named: &crate::config::NamedConfig,
+    inv: &Inventory,
+) -> Result<Vec<Target>, crate::select::SelectError> {
+    Ok(crate::select::select(named, &inv.gpus)?
+        .into_iter()
+        .map(|s| Target {
+            gpu: s.gpu,
+            mig_enabled: s.mig_enabled,
+            wanted: s.mig_devices,
+            exact: None,
+        })
+        .collect())
+}
+
+/// The plans that would change something: the mode, or (unless `mode_only`) the layout.
+pub fn differing(plans: &[GpuPlan], mode_only: bool) -> Vec<GpuPlan> {
+    plans
+        .iter()
+        .filter(|p| p.mode_changes() || (!mode_only && p.layout_changes()))
+        .cloned()
+        .collect()
+}
+
 /// What one GPU should become.
 #[derive(Debug, Clone)]
 pub struct Target {

@@ -59,6 +59,8 @@ pub enum ExecError {
     Snapshot(NvmlError),
     #[error("the apply finished but the node does not match config {0}; run apply again")]
     NotConverged(String),
+    #[error("no checkpoint at {0}; `gpuops mig apply` writes one before changing anything")]
+    NoCheckpoint(PathBuf),
 }
 
 fn nvml(what: String) -> impl FnOnce(NvmlError) -> ExecError {
@@ -390,6 +392,52 @@ pub fn write_checkpoint(path: &Path, checkpoint: &Checkpoint) -> Result<(), Exec
         .map_err(|e| ExecError::Checkpoint(e.to_string()))?;
     gpuops_atomicfile::write(path, text)?;
     Ok(())
+}
+
+/// Writes a checkpoint of every MIG-capable GPU's current layout; returns how many GPUs.
+pub fn checkpoint_all(gpus: &Gpus, path: &Path) -> Result<usize, ExecError> {
+    let inv = gpus
+        .snapshot_with(gpuops_nvml::Scope::Mig)
+        .map_err(ExecError::Snapshot)?;
+    let all: Vec<u32> = inv
+        .gpus
+        .iter()
+        .filter(|g| g.mig.capable)
+        .map(|g| g.index)
+        .collect();
+    write_checkpoint(path, &gpuops_mig::apply::checkpoint_of(&inv, &all, None))?;
+    Ok(all.len())
+}
+
+/// The checkpoint at `path` and the plans that bring the node back to it.
+pub fn restore_plan(gpus: &Gpus, path: &Path) -> Result<(Checkpoint, Vec<GpuPlan>), ExecError> {
+    let saved = read_checkpoint(path)?.ok_or_else(|| ExecError::NoCheckpoint(path.into()))?;
+    let inv = gpus
+        .snapshot_with(gpuops_nvml::Scope::Mig)
+        .map_err(ExecError::Snapshot)?;
+    let targets = gpuops_mig::apply::restore_targets(&inv, &saved)?;
+    let plans = gpuops_mig::apply::plan_node(&inv, &targets)?;
+    Ok((saved, plans))
+}
+
+/// Carries out [`restore_plan`]'s plans and marks the checkpoint done.
+pub fn restore(
+    gpus: &Gpus,
+    plans: &[GpuPlan],
+    mut saved: Checkpoint,
+    path: &Path,
+    force: bool,
+) -> Result<Outcome, ExecError> {
+    let opts = Options {
+        config_name: "restore".into(),
+        config_file: path.display().to_string(),
+        force,
+        ..Options::default()
+    };
+    let outcome = execute(gpus, plans, &opts)?;
+    saved.applying = None;
+    write_checkpoint(path, &saved)?;
+    Ok(outcome)
 }
 
 #[cfg(test)]

@@ -81,6 +81,41 @@ impl SimState {
         Ok(())
     }
 
+    /// [`SimState::set_load`] on the GPU `gpu` names: an index, or `all`.
+    pub fn set_load_on(
+        &mut self,
+        gpu: &str,
+        change: LoadChange,
+        now_ms: u64,
+    ) -> Result<(), SimError> {
+        let targets: Vec<u32> = if gpu == "all" {
+            (0..self.gpus.len() as u32).collect()
+        } else {
+            vec![gpu.parse().map_err(|_| {
+                SimError::Invalid(format!("--gpu {gpu:?}: expected a GPU index or `all`"))
+            })?]
+        };
+        targets
+            .into_iter()
+            .try_for_each(|g| self.set_load(g, change, now_ms))
+    }
+
+    /// `8x H100-SXM5-80GB`, or `4x L4 + 2x A100-SXM4-80GB` for mixed fleets.
+    pub fn summary(&self) -> String {
+        let mut groups: Vec<(&str, usize)> = Vec::new();
+        for g in &self.gpus {
+            match groups.last_mut() {
+                Some((m, n)) if *m == g.model => *n += 1,
+                _ => groups.push((&g.model, 1)),
+            }
+        }
+        groups
+            .iter()
+            .map(|(m, n)| format!("{n}x {m}"))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    }
+
     /// Changes load figures, keeping the energy counter continuous across power changes.
     pub fn set_load(&mut self, gpu: u32, change: LoadChange, now_ms: u64) -> Result<(), SimError> {
         let g = self.gpu_mut(gpu)?;
@@ -219,6 +254,23 @@ mod tests {
         assert!(s.gpus[2].lost);
         s.reset(2).unwrap();
         assert!(!s.gpus[2].lost && s.gpus[2].gpu_instances.is_empty() && s.gpus[2].mig_current);
+    }
+
+    #[test]
+    fn summaries_group_models_and_load_targets_are_an_index_or_all() {
+        let mut s = SimState::from_fleet(&crate::Fleet::resolve("dgx-h100").unwrap(), 0).unwrap();
+        assert_eq!(s.summary(), "8x H100-SXM5-80GB");
+        let busy = LoadChange {
+            gpu_util_pct: Some(90),
+            ..LoadChange::default()
+        };
+        s.set_load_on("all", busy, 1).unwrap();
+        assert!(s.gpus.iter().all(|g| g.load.gpu_util_pct == 90));
+        let e = s.set_load_on("first", busy, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("--gpu \"first\": expected a GPU index or `all`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -4,9 +4,8 @@
 use crate::gpu_source::{self, GpuArgs};
 use crate::output;
 use anyhow::{Context, Result};
-use gpuops_agent::{AgentConfig, ConfigSource, MetricsConfig, prepare};
+use gpuops_agent::{AgentConfig, MetricsConfig, prepare};
 use gpuops_metrics::HostnameLabel;
-use gpuops_resources::health::HealthPolicy;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -299,44 +298,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     // Preparing may set the simulator's environment: do it before the runtime starts threads.
     let (library, simulation) = gpu_source::prepare(&args.gpus)?;
-    let source = ConfigSource {
-        file: args.config_file.clone(),
-        named: args
-            .config_dir
-            .as_ref()
-            .map(|dir| gpuops_agent::load_dir(dir))
-            .transpose()?,
-        flags: args.nvidia.overrides()?,
-        env: gpuops_resources::config::Overrides::from_env(std::env::vars())?,
-    };
-    let config = source.resolve(None).map_err(anyhow::Error::msg)?;
-    let libraries = match (&library, &simulation) {
-        (gpuops_nvml::Library::System, None) => gpu_source::driver_libraries(&[
-            config
-                .flags
-                .plugin
-                .container_driver_root
-                .as_deref()
-                .unwrap_or_default(),
-            config.nvidia_driver_root(),
-        ]),
-        _ => vec![library.clone()],
-    };
-    let gpus = match gpuops_agent::open_nvml(&libraries, &args.gpus.sysfs_root) {
-        Ok(g) => Some(g),
-        Err(e) if !config.fail_on_init_error() && !args.once => {
-            tracing::error!(
-                error = %e,
-                "cannot load NVML; {}. FAIL_ON_INIT_ERROR=false: advertising nothing, serving the agent's own health and metrics, retrying with backoff",
-                prepare::NVML_HINTS
-            );
-            None
-        }
-        Err(e) => anyhow::bail!(
-            "{e}. {}; or set FAIL_ON_INIT_ERROR=false to keep the agent up without GPUs",
-            prepare::NVML_HINTS
-        ),
-    };
+    let (source, config) = prepare::config_source(
+        args.config_file.clone(),
+        args.config_dir.as_deref(),
+        args.nvidia.overrides()?,
+        gpuops_resources::config::Overrides::from_env(std::env::vars())?,
+    )?;
+    let libraries = prepare::nvml_libraries(&library, simulation.is_some(), &config);
+    let gpus = prepare::open_gpus(&libraries, &args.gpus.sysfs_root, &config, args.once)?;
     let node = prepare::node_name(args.node_name.clone());
     let places = prepare::places(
         prepare::GivenPlaces {
@@ -395,26 +364,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     }
     let plugin_dir = places.plugin_dir;
-    // A simulated node has no device nodes to probe: it gets NVIDIA's full layout.
-    let host_devices = match &simulation {
-        Some(_) => gpuops_resources::HostDevices::default(),
-        None => gpuops_deviceplugin::probe_host(
-            std::path::Path::new(config.nvidia_dev_root()),
-            std::path::Path::new("/proc"),
-        ),
-    };
+    let host_devices = prepare::host_devices(simulation.is_some(), &config);
     let published = gpuops_agent::publish(
         &first,
         &config,
         &gpuops_resources::health::HealthTracker::default(),
         &Arc::new(host_devices.clone()),
     )?;
-    let policy = HealthPolicy::from_env(
-        std::env::var("DP_DISABLE_HEALTHCHECKS").ok().as_deref(),
-        std::env::var("DP_ENABLE_HEALTHCHECKS").ok().as_deref(),
-        args.health_quiet_period.as_millis() as u64,
-    )
-    .map_err(anyhow::Error::msg)?;
+    let policy = prepare::health_policy(|v| std::env::var(v).ok(), args.health_quiet_period)?;
     if args.no_device_plugin {
         println!("  device plugin  not served");
     }

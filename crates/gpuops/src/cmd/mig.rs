@@ -3,12 +3,12 @@
 
 use crate::gpu_source::{self, GpuArgs};
 use crate::output::{self, Format};
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use gpuops_mig::apply::{self as plan, Target};
 use gpuops_mig::config::{self, MigPartedConfig};
 use gpuops_mig::hooks::Hooks;
-use gpuops_mig::{select, workload};
+use gpuops_mig::workload;
 use gpuops_migexec::{self as exec, Options};
 use std::io::Read;
 use std::path::PathBuf;
@@ -195,22 +195,6 @@ fn read_config(args: &ConfigArgs) -> Result<MigPartedConfig> {
     )?)
 }
 
-/// What a named config asks of each GPU it selects on this node.
-fn targets_of(
-    named: &config::NamedConfig,
-    inv: &gpuops_inventory::Inventory,
-) -> Result<Vec<Target>> {
-    Ok(select::select(named, &inv.gpus)?
-        .into_iter()
-        .map(|s| Target {
-            gpu: s.gpu,
-            mig_enabled: s.mig_enabled,
-            wanted: s.mig_devices,
-            exact: None,
-        })
-        .collect())
-}
-
 fn checkpoint_path(arg: &CheckpointArg, opened: &gpu_source::Opened) -> PathBuf {
     arg.checkpoint
         .clone()
@@ -265,7 +249,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             };
             let opened = gpu_source::open(&gpus)?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
-            let targets = targets_of(named, &inv)?;
+            let targets = plan::targets_of(named, &inv)?;
             let plans = plan::plan_node(&inv, &targets)?;
             print!("{}", plan::render(&plans));
             if dry_run {
@@ -291,12 +275,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 &gpus_changed,
                 &inv,
                 Some(selected.name.clone()),
-                |inv| {
-                    let again = plan::plan_node(inv, &targets)?;
-                    Ok(again
-                        .iter()
-                        .all(|p| !p.mode_changes() && (mode_only || !p.layout_changes())))
-                },
+                |inv| Ok(plan::differing(&plan::plan_node(inv, &targets)?, mode_only).is_empty()),
             )
         }
         Action::Assert {
@@ -309,17 +288,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let named = cfg.get(&selected.name)?;
             let opened = gpu_source::open(&gpus)?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
-            let targets = targets_of(named, &inv)?;
+            let targets = plan::targets_of(named, &inv)?;
             let plans = plan::plan_node(&inv, &targets)?;
             if valid_config {
                 println!("config {} is valid for this node's GPUs", selected.name);
                 return Ok(ExitCode::SUCCESS);
             }
-            let differing: Vec<_> = plans
-                .iter()
-                .filter(|p| p.mode_changes() || (!mode_only && p.layout_changes()))
-                .cloned()
-                .collect();
+            let differing = plan::differing(&plans, mode_only);
             if differing.is_empty() {
                 println!("MIG config {} is applied", selected.name);
                 Ok(ExitCode::SUCCESS)
@@ -341,20 +316,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Action::Checkpoint { gpus, checkpoint } => {
             let opened = gpu_source::open(&gpus)?;
-            let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let path = checkpoint_path(&checkpoint, &opened);
-            let all: Vec<u32> = inv
-                .gpus
-                .iter()
-                .filter(|g| g.mig.capable)
-                .map(|g| g.index)
-                .collect();
-            exec::write_checkpoint(&path, &plan::checkpoint_of(&inv, &all, None))?;
-            println!(
-                "checkpoint of {} GPUs written to {}",
-                all.len(),
-                path.display()
-            );
+            let count = exec::checkpoint_all(&opened.gpus, &path)?;
+            println!("checkpoint of {count} GPUs written to {}", path.display());
             Ok(ExitCode::SUCCESS)
         }
         Action::Restore {
@@ -365,30 +329,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } => {
             let opened = gpu_source::open(&gpus)?;
             let path = checkpoint_path(&checkpoint, &opened);
-            let saved = exec::read_checkpoint(&path)?.ok_or_else(|| {
-                anyhow!(
-                    "no checkpoint at {}; `gpuops mig apply` writes one before changing anything",
-                    path.display()
-                )
-            })?;
-            let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
-            let targets = plan::restore_targets(&inv, &saved)?;
-            let plans = plan::plan_node(&inv, &targets)?;
+            let (saved, plans) = exec::restore_plan(&opened.gpus, &path)?;
             print!("{}", plan::render(&plans));
             if dry_run {
                 println!("dry run: nothing changed");
                 return Ok(ExitCode::SUCCESS);
             }
-            let opts = Options {
-                config_name: "restore".into(),
-                config_file: path.display().to_string(),
-                force,
-                ..Options::default()
-            };
-            let outcome = exec::execute(&opened.gpus, &plans, &opts)?;
-            let mut done = saved;
-            done.applying = None;
-            exec::write_checkpoint(&path, &done)?;
+            let outcome = exec::restore(&opened.gpus, &plans, saved, &path, force)?;
             println!(
                 "restored {} GPUs from {} ({} changes through the driver)",
                 plans.len(),

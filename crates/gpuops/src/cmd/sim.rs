@@ -185,7 +185,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 "simulated node {} with {} GPUs ({}) in {}\nuse it with: GPUOPS_NVML_SIM_STATE={} gpuops agent, or --sim-state {}",
                 s.hostname,
                 s.gpus.len(),
-                summary(&s),
+                s.summary(),
                 state.state.display(),
                 state.state.display(),
                 state.state.display()
@@ -195,7 +195,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let mut t = table(&["FLEET", "GPUS"]);
             for (name, _) in BUILTIN_FLEETS {
                 let s = SimState::from_fleet(&Fleet::resolve(name)?, 0)?;
-                t.add_row(vec![name.to_string(), summary(&s)]);
+                t.add_row(vec![name.to_string(), s.summary()]);
             }
             println!("{t}\n\n{FLEET_FORMAT}");
         }
@@ -259,18 +259,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 );
             }
             let now = now_ms();
-            change(&state, |s| {
-                let targets: Vec<u32> = if gpu == "all" {
-                    (0..s.gpus.len() as u32).collect()
-                } else {
-                    vec![gpu.parse().map_err(|_| {
-                        SimError::Invalid(format!("--gpu {gpu:?}: expected a GPU index or `all`"))
-                    })?]
-                };
-                targets
-                    .into_iter()
-                    .try_for_each(|g| s.set_load(g, load, now))
-            })?;
+            change(&state, |s| s.set_load_on(&gpu, load, now))?;
             println!("load set on GPU {gpu}");
         }
         Action::Process {
@@ -311,22 +300,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `8x H100-SXM5-80GB`, or a list for mixed fleets.
-fn summary(s: &SimState) -> String {
-    let mut groups: Vec<(String, usize)> = Vec::new();
-    for g in &s.gpus {
-        match groups.last_mut() {
-            Some((m, n)) if *m == g.model => *n += 1,
-            _ => groups.push((g.model.clone(), 1)),
-        }
-    }
-    groups
-        .iter()
-        .map(|(m, n)| format!("{n}x {m}"))
-        .collect::<Vec<_>>()
-        .join(" + ")
 }
 
 fn show(s: &SimState) -> String {
@@ -384,7 +357,7 @@ mod tests {
     #[test]
     fn summaries_group_models() {
         let s = SimState::from_fleet(&Fleet::resolve("dgx-h100").unwrap(), 0).unwrap();
-        assert_eq!(summary(&s), "8x H100-SXM5-80GB");
+        assert_eq!(s.summary(), "8x H100-SXM5-80GB");
         let text = show(&s);
         assert!(
             text.contains("events queued 0") && text.contains("H100-SXM5-80GB"),
