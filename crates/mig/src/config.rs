@@ -22,8 +22,8 @@
 //! whether a GPU model offers a profile is the planner's business.
 
 use gpuops_catalog::{GpuModel, ProfileName};
-use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_saphyr::{Location, Spanned};
+use gpuops_yamlpos::{Node, SNode, edit_distance, map_get};
+use serde_saphyr::Location;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
@@ -222,21 +222,6 @@ fn closest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<
         }
     }
     best.map(|(_, c)| c)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.iter().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 impl MigPartedConfig {
@@ -632,91 +617,6 @@ fn embedded_place(outer: &str, inner: &str, at: &Location, key: &str) -> Place {
         }
     }
     Place::Block { first_line, indent }
-}
-
-type SNode = Spanned<Node>;
-
-/// A YAML node with locations on every node (including keys).
-#[derive(Debug)]
-enum Node {
-    Null,
-    Bool(bool),
-    Int(i128),
-    Float(f64),
-    Str(String),
-    Seq(Vec<SNode>),
-    Map(Vec<(SNode, SNode)>),
-}
-
-impl<'de> Deserialize<'de> for Node {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct NodeVisitor;
-        impl<'de> Visitor<'de> for NodeVisitor {
-            type Value = Node;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any YAML value")
-            }
-            fn visit_unit<E>(self) -> Result<Node, E> {
-                Ok(Node::Null)
-            }
-            fn visit_none<E>(self) -> Result<Node, E> {
-                Ok(Node::Null)
-            }
-            fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Node, D2::Error> {
-                Node::deserialize(d)
-            }
-            fn visit_bool<E>(self, v: bool) -> Result<Node, E> {
-                Ok(Node::Bool(v))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Node, E> {
-                Ok(Node::Int(v.into()))
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Node, E> {
-                Ok(Node::Int(v.into()))
-            }
-            fn visit_i128<E>(self, v: i128) -> Result<Node, E> {
-                Ok(Node::Int(v))
-            }
-            fn visit_u128<E>(self, v: u128) -> Result<Node, E> {
-                Ok(i128::try_from(v).map_or(Node::Float(v as f64), Node::Int))
-            }
-            fn visit_f64<E>(self, v: f64) -> Result<Node, E> {
-                Ok(Node::Float(v))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Node, E> {
-                Ok(Node::Str(v.to_string()))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Node, E> {
-                Ok(Node::Str(v))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Node, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = a.next_element()? {
-                    items.push(item);
-                }
-                Ok(Node::Seq(items))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Node, A::Error> {
-                let mut items = Vec::new();
-                while let Some(entry) = a.next_entry()? {
-                    items.push(entry);
-                }
-                Ok(Node::Map(items))
-            }
-        }
-        d.deserialize_any(NodeVisitor)
-    }
-}
-
-/// The entry of a mapping node whose key is the string `key`.
-fn map_get<'n>(node: &'n SNode, key: &str) -> Option<(&'n SNode, &'n SNode)> {
-    match &node.value {
-        Node::Map(items) => items
-            .iter()
-            .find(|(k, _)| matches!(&k.value, Node::Str(s) if s == key))
-            .map(|(k, v)| (k, v)),
-        _ => None,
-    }
 }
 
 /// Where the text being validated sits in the file the user gave.

@@ -5,6 +5,7 @@
 //! After `effective`, every such field is `Some`; the accessors (`mig_strategy()`, ...) give the
 //! default for `None` either way.
 
+use gpuops_yamlpos::{Node, SNode, edit_distance};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -725,82 +726,14 @@ impl UnknownKeyReport {
     }
 }
 
-/// A YAML node with the position of every node, keys included: enough to place unknown keys.
-#[derive(Debug)]
-enum RawNode {
-    Scalar(String),
-    Seq(Vec<serde_saphyr::Spanned<RawNode>>),
-    Map(
-        Vec<(
-            serde_saphyr::Spanned<RawNode>,
-            serde_saphyr::Spanned<RawNode>,
-        )>,
-    ),
-    Null,
-}
-
-impl<'de> Deserialize<'de> for RawNode {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = RawNode;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any YAML value")
-            }
-            fn visit_unit<E>(self) -> Result<RawNode, E> {
-                Ok(RawNode::Null)
-            }
-            fn visit_none<E>(self) -> Result<RawNode, E> {
-                Ok(RawNode::Null)
-            }
-            fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<RawNode, D2::Error> {
-                RawNode::deserialize(d)
-            }
-            fn visit_bool<E>(self, v: bool) -> Result<RawNode, E> {
-                Ok(RawNode::Scalar(v.to_string()))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<RawNode, E> {
-                Ok(RawNode::Scalar(v.to_string()))
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<RawNode, E> {
-                Ok(RawNode::Scalar(v.to_string()))
-            }
-            fn visit_f64<E>(self, v: f64) -> Result<RawNode, E> {
-                Ok(RawNode::Scalar(v.to_string()))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<RawNode, E> {
-                Ok(RawNode::Scalar(v.to_string()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<RawNode, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = a.next_element()? {
-                    items.push(item);
-                }
-                Ok(RawNode::Seq(items))
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut a: A) -> Result<RawNode, A::Error> {
-                let mut items = Vec::new();
-                while let Some(entry) = a.next_entry()? {
-                    items.push(entry);
-                }
-                Ok(RawNode::Map(items))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-fn collect_unknown(path: &str, node: &serde_saphyr::Spanned<RawNode>, out: &mut Vec<UnknownKey>) {
+fn collect_unknown(path: &str, node: &SNode, out: &mut Vec<UnknownKey>) {
     match &node.value {
-        RawNode::Map(items) => {
+        Node::Map(items) => {
             let Some((_, known)) = KNOWN.iter().find(|(p, _)| *p == path) else {
                 return;
             };
             for (k, child) in items {
-                let name = match &k.value {
-                    RawNode::Scalar(s) => s.clone(),
-                    _ => "?".to_string(),
-                };
+                let name = k.value.scalar_text().unwrap_or_else(|| "?".to_string());
                 let child_path = if path.is_empty() {
                     name.clone()
                 } else {
@@ -821,12 +754,12 @@ fn collect_unknown(path: &str, node: &serde_saphyr::Spanned<RawNode>, out: &mut 
                 }
             }
         }
-        RawNode::Seq(items) => {
+        Node::Seq(items) => {
             for item in items {
                 collect_unknown(&format!("{path}[]"), item, out);
             }
         }
-        RawNode::Scalar(_) | RawNode::Null => {}
+        _ => {}
     }
 }
 
@@ -850,21 +783,6 @@ fn closest_key(word: &str, known: &[&'static str]) -> Option<&'static str> {
         Some((d, k)) if d <= 2 && !tied => Some(k),
         _ => None,
     }
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.iter().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 /// Turns a serde-saphyr error into ours, keeping its line and column.
@@ -900,9 +818,8 @@ impl Config {
         if text.trim().is_empty() {
             return Err(empty());
         }
-        let raw: serde_saphyr::Spanned<RawNode> =
-            serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e))?;
-        if matches!(raw.value, RawNode::Null) {
+        let raw: SNode = serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e))?;
+        if matches!(raw.value, Node::Null) {
             return Err(empty());
         }
         let mut cfg: Config = serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e))?;

@@ -5,7 +5,7 @@ use crate::gpu_source::{self, GpuArgs};
 use crate::output::{self, Format};
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use gpuops_mig::apply::{self as plan, Target};
+use gpuops_mig::apply as plan;
 use gpuops_mig::config::{self, MigPartedConfig};
 use gpuops_mig::hooks::Hooks;
 use gpuops_mig::workload;
