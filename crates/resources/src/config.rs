@@ -1118,6 +1118,21 @@ impl Overrides {
         Self::from_env(vars.iter())
     }
 
+    /// The device plugin's flags (`--mig-strategy`, ...), each given as its env var's name and
+    /// the value when the flag was given; an error names the flag.
+    pub fn from_flags<'a>(
+        flags: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+    ) -> Result<Overrides, String> {
+        let mut o = Overrides::default();
+        for (var, value) in flags {
+            if let Some(v) = value {
+                let flag = var.to_lowercase().replace('_', "-");
+                o.set(var, v).map_err(|e| format!("--{flag} {v:?}: {e}"))?;
+            }
+        }
+        Ok(o)
+    }
+
     /// Sets one value by its env var name; unknown names are ignored.
     pub fn set(&mut self, var: &str, v: &str) -> Result<(), String> {
         match var {
@@ -1345,6 +1360,15 @@ sharing:
       {"name": "nvidia.com/mig-2g.20gb", "devices": 2, "replicas": 3}
     ]}}
 }"#;
+
+    #[test]
+    fn flags_are_named_in_their_errors() {
+        let o =
+            Overrides::from_flags([("MIG_STRATEGY", Some("mixed")), ("MPS_ROOT", None)]).unwrap();
+        assert_eq!(o.mig_strategy, Some(MigStrategy::Mixed));
+        let e = Overrides::from_flags([("DEVICE_ID_STRATEGY", Some("serial"))]).unwrap_err();
+        assert!(e.starts_with("--device-id-strategy \"serial\": "), "{e}");
+    }
 
     #[test]
     fn parses_every_field_from_yaml_and_json_alike() {

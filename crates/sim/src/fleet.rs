@@ -6,6 +6,23 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 use std::path::Path;
 
+/// The fleet file format, as `gpuops sim fleets` shows it.
+pub const FORMAT_HELP: &str = "\
+Fleet file format (YAML; unknown keys are errors):
+  hostname: node-1            # seeds the GPU UUIDs (default gpuops-sim)
+  driver-version: 580.105.08  # default 580.105.08
+  cuda-version: \"13.0\"        # default 13.0
+  fabric: auto                # auto | nvswitch | pairs | none
+  numa-nodes: 2               # default: one per four GPUs
+  gpus:
+    - model: H100-SXM5-80GB   # a key from `gpuops catalog`
+      count: 8                # default 1
+      mig-enabled: false      # start in MIG mode (MIG-capable models only)
+      pci-class: 0x030200     # default: 3D controller (compute); 0x030000: VGA (graphics mode)
+      report-as:              # optional: report another name and PCI device id, to
+        name: NVIDIA H999     #   simulate a model gpuops does not know (behaves as `model`)
+        pci-device-id: 0x2999";
+
 /// Built-in fleets, by name, as fleet-file text (parsed by the same code as user files).
 pub const BUILTIN_FLEETS: &[(&str, &str)] = &[
     (

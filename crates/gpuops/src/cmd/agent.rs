@@ -26,14 +26,7 @@ use std::time::Duration;
 #[command(verbatim_doc_comment)]
 pub struct Args {
     #[command(flatten)]
-    gpus: GpuArgs,
-    /// Name of this node (labels, metrics); defaults to the host name.
-    #[arg(long, env = "NODE_NAME")]
-    node_name: Option<String>,
-    /// How often to re-read the GPUs and refresh the metrics (dcgm-exporter's collect interval; a
-    /// scrape always gets the last collection at once) [default: 10s, or DCGM_EXPORTER_INTERVAL ms].
-    #[arg(long, value_parser = super::parse_duration)]
-    interval: Option<Duration>,
+    c: Collection,
     /// Read the GPUs once, print them and exit.
     #[arg(long)]
     once: bool,
@@ -44,15 +37,6 @@ pub struct Args {
     /// Do not serve metrics.
     #[arg(long)]
     no_metrics: bool,
-    /// How the node label on every metric is spelled: `hostname` (dcgm-exporter 4.6 and later, what
-    /// the GPU Operator ships) or `Hostname` (dcgm-exporter before 4.6).
-    #[arg(long, env = "GPUOPS_HOSTNAME_LABEL", default_value = "hostname", value_parser = parse_hostname_label)]
-    hostname_label: HostnameLabel,
-    /// The kubelet's PodResources socket, for the pod, namespace and container labels on metrics
-    /// [default: DCGM_POD_RESOURCES_KUBELET_SOCKET, else /var/lib/kubelet/pod-resources/kubelet.sock;
-    /// with --simulate: none unless given]. DCGM_EXPORTER_KUBERNETES=false turns pod labels off.
-    #[arg(long, env = "GPUOPS_POD_RESOURCES_SOCKET", value_name = "FILE")]
-    pod_resources_socket: Option<PathBuf>,
     /// The kubelet's device plugin directory [default: /var/lib/kubelet/device-plugins; with
     /// --simulate, device-plugins/ in the simulator state, so a demo touches no system path].
     #[arg(long, env = "DEVICE_PLUGIN_PATH", value_name = "DIR")]
@@ -74,10 +58,6 @@ pub struct Args {
     /// Do not serve the kubelet device plugin API.
     #[arg(long)]
     no_device_plugin: bool,
-    /// A device an XID made unhealthy is healthy again after this long without another counted XID
-    /// (and once the driver answers for it). NVIDIA's plugin never recovers without a restart.
-    #[arg(long, env = "GPUOPS_HEALTH_QUIET_PERIOD", default_value = "5m", value_parser = super::parse_duration)]
-    health_quiet_period: Duration,
     /// How long one read of the GPUs may take before the agent reports the driver as hanging
     /// (and /healthz fails after a few such intervals).
     #[arg(long, env = "GPUOPS_SNAPSHOT_TIMEOUT", default_value = "30s", value_parser = super::parse_duration)]
@@ -166,26 +146,36 @@ pub struct NodeFlags {
 #[command(verbatim_doc_comment)]
 pub struct ExporterArgs {
     #[command(flatten)]
-    gpus: GpuArgs,
-    /// Name of this node (the Hostname label); defaults to the host name.
-    #[arg(long, env = "NODE_NAME")]
-    node_name: Option<String>,
+    c: Collection,
     /// Where /metrics listens; port 0 picks a free one (printed at start) [default: 0.0.0.0:9400,
     /// or dcgm-exporter's DCGM_EXPORTER_LISTEN, e.g. :9400].
     #[arg(long, env = "GPUOPS_METRICS_ADDRESS")]
     address: Option<SocketAddr>,
-    /// How often to collect (NVML and PodResources) [default: 10s, or DCGM_EXPORTER_INTERVAL in ms].
+}
+
+/// What the agent and the exporter both read and collect.
+#[derive(Debug, clap::Args)]
+struct Collection {
+    #[command(flatten)]
+    gpus: GpuArgs,
+    /// Name of this node (labels, metrics); defaults to the host name.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// How often to re-read the GPUs and refresh the metrics (dcgm-exporter's collect interval; a
+    /// scrape always gets the last collection at once) [default: 10s, or DCGM_EXPORTER_INTERVAL ms].
     #[arg(long, value_parser = super::parse_duration)]
     interval: Option<Duration>,
-    /// `hostname` (dcgm-exporter 4.6 and later) or `Hostname` (before 4.6).
+    /// How the node label on every metric is spelled: `hostname` (dcgm-exporter 4.6 and later, what
+    /// the GPU Operator ships) or `Hostname` (dcgm-exporter before 4.6).
     #[arg(long, env = "GPUOPS_HOSTNAME_LABEL", default_value = "hostname", value_parser = parse_hostname_label)]
     hostname_label: HostnameLabel,
-    /// The kubelet's PodResources socket [default: DCGM_POD_RESOURCES_KUBELET_SOCKET, else
-    /// /var/lib/kubelet/pod-resources/kubelet.sock; with --simulate: none unless given].
-    /// DCGM_EXPORTER_KUBERNETES=false turns pod labels off.
+    /// The kubelet's PodResources socket, for the pod, namespace and container labels on metrics
+    /// [default: DCGM_POD_RESOURCES_KUBELET_SOCKET, else /var/lib/kubelet/pod-resources/kubelet.sock;
+    /// with --simulate: none unless given]. DCGM_EXPORTER_KUBERNETES=false turns pod labels off.
     #[arg(long, env = "GPUOPS_POD_RESOURCES_SOCKET", value_name = "FILE")]
     pod_resources_socket: Option<PathBuf>,
-    /// A device an XID made unhealthy counts as healthy again after this long without another.
+    /// A device an XID made unhealthy is healthy again after this long without another counted XID
+    /// (and once the driver answers for it). NVIDIA's plugin never recovers without a restart.
     #[arg(long, env = "GPUOPS_HEALTH_QUIET_PERIOD", default_value = "5m", value_parser = super::parse_duration)]
     health_quiet_period: Duration,
 }
@@ -200,19 +190,14 @@ impl Args {
 /// `gpuops exporter`: the agent loop with metrics only.
 pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
     run(Args {
-        gpus: a.gpus,
-        node_name: a.node_name,
-        interval: a.interval,
+        c: a.c,
         once: false,
         metrics_address: a.address,
         no_metrics: false,
-        hostname_label: a.hostname_label,
-        pod_resources_socket: a.pod_resources_socket,
         device_plugin_dir: None,
         config_file: None,
         config_dir: None,
         no_device_plugin: true,
-        health_quiet_period: a.health_quiet_period,
         snapshot_timeout: Duration::from_secs(30),
         node: NodeFlags::default(),
         nvidia: NvidiaFlags::default(),
@@ -255,30 +240,26 @@ pub struct NvidiaFlags {
 
 impl NvidiaFlags {
     pub(crate) fn overrides(&self) -> Result<gpuops_resources::config::Overrides> {
-        let mut o = gpuops_resources::config::Overrides::default();
-        for (var, value) in [
-            ("MIG_STRATEGY", &self.mig_strategy),
-            ("FAIL_ON_INIT_ERROR", &self.fail_on_init_error),
-            ("NVIDIA_DRIVER_ROOT", &self.nvidia_driver_root),
-            ("NVIDIA_DEV_ROOT", &self.nvidia_dev_root),
-            ("PASS_DEVICE_SPECS", &self.pass_device_specs),
-            ("DEVICE_LIST_STRATEGY", &self.device_list_strategy),
-            ("DEVICE_ID_STRATEGY", &self.device_id_strategy),
-            ("CDI_ANNOTATION_PREFIX", &self.cdi_annotation_prefix),
-            ("MPS_ROOT", &self.mps_root),
+        fn o(v: &Option<String>) -> Option<&str> {
+            v.as_deref()
+        }
+        gpuops_resources::config::Overrides::from_flags([
+            ("MIG_STRATEGY", o(&self.mig_strategy)),
+            ("FAIL_ON_INIT_ERROR", o(&self.fail_on_init_error)),
+            ("NVIDIA_DRIVER_ROOT", o(&self.nvidia_driver_root)),
+            ("NVIDIA_DEV_ROOT", o(&self.nvidia_dev_root)),
+            ("PASS_DEVICE_SPECS", o(&self.pass_device_specs)),
+            ("DEVICE_LIST_STRATEGY", o(&self.device_list_strategy)),
+            ("DEVICE_ID_STRATEGY", o(&self.device_id_strategy)),
+            ("CDI_ANNOTATION_PREFIX", o(&self.cdi_annotation_prefix)),
+            ("MPS_ROOT", o(&self.mps_root)),
             (
                 "SHARED_DEVICES_ALLOCATION_POLICY",
-                &self.shared_devices_allocation_policy,
+                o(&self.shared_devices_allocation_policy),
             ),
-            ("DEVICE_SPLIT_COUNT", &self.device_split_count),
-        ] {
-            if let Some(v) = value {
-                let flag = var.to_lowercase().replace('_', "-");
-                o.set(var, v)
-                    .map_err(|e| anyhow::anyhow!("--{flag} {v:?}: {e}"))?;
-            }
-        }
-        Ok(o)
+            ("DEVICE_SPLIT_COUNT", o(&self.device_split_count)),
+        ])
+        .map_err(anyhow::Error::msg)
     }
 }
 
@@ -297,7 +278,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         tracing::warn!("{note}");
     }
     // Preparing may set the simulator's environment: do it before the runtime starts threads.
-    let (library, simulation) = gpu_source::prepare(&args.gpus)?;
+    let (library, simulation) = gpu_source::prepare(&args.c.gpus)?;
     let (source, config) = prepare::config_source(
         args.config_file.clone(),
         args.config_dir.as_deref(),
@@ -305,13 +286,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         gpuops_resources::config::Overrides::from_env(std::env::vars())?,
     )?;
     let libraries = prepare::nvml_libraries(&library, simulation.is_some(), &config);
-    let gpus = prepare::open_gpus(&libraries, &args.gpus.sysfs_root, &config, args.once)?;
-    let node = prepare::node_name(args.node_name.clone());
+    let gpus = prepare::open_gpus(&libraries, &args.c.gpus.sysfs_root, &config, args.once)?;
+    let node = prepare::node_name(args.c.node_name.clone());
     let places = prepare::places(
         prepare::GivenPlaces {
             metrics_address: args.metrics_address,
-            interval: args.interval,
-            pod_socket: args.pod_resources_socket.clone(),
+            interval: args.c.interval,
+            pod_socket: args.c.pod_resources_socket.clone(),
             plugin_dir: args.device_plugin_dir.clone(),
         },
         &dcgm,
@@ -371,7 +352,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         &gpuops_resources::health::HealthTracker::default(),
         &Arc::new(host_devices.clone()),
     )?;
-    let policy = prepare::health_policy(|v| std::env::var(v).ok(), args.health_quiet_period)?;
+    let policy = prepare::health_policy(|v| std::env::var(v).ok(), args.c.health_quiet_period)?;
     if args.no_device_plugin {
         println!("  device plugin  not served");
     }
@@ -405,7 +386,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let origin = prepare::GpuOrigin {
         sim_state: simulation.as_ref().map(|s| s.state_dir.clone()),
-        nvml_lib: args.gpus.nvml_lib.clone(),
+        nvml_lib: args.c.gpus.nvml_lib.clone(),
     };
     let kube = prepare::kube_config(
         &args.node.settings(),
@@ -415,7 +396,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         std::env::current_exe,
     )?;
     let metrics = metrics_listener.map(|listener| MetricsConfig {
-        hostname_label: args.hostname_label,
+        hostname_label: args.c.hostname_label,
         // DCGM_EXPORTER_KUBERNETES=false: no pod labels, as with dcgm-exporter.
         pod_socket: pod_socket.filter(|_| dcgm.kubernetes != Some(false)),
         listener,
@@ -431,7 +412,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         metrics,
         kube,
         nvml_libraries: libraries,
-        sysfs_root: args.gpus.sysfs_root.clone(),
+        sysfs_root: args.c.gpus.sysfs_root.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

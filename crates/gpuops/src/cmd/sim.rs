@@ -149,22 +149,6 @@ enum Action {
     },
 }
 
-const FLEET_FORMAT: &str = "\
-Fleet file format (YAML; unknown keys are errors):
-  hostname: node-1            # seeds the GPU UUIDs (default gpuops-sim)
-  driver-version: 580.105.08  # default 580.105.08
-  cuda-version: \"13.0\"        # default 13.0
-  fabric: auto                # auto | nvswitch | pairs | none
-  numa-nodes: 2               # default: one per four GPUs
-  gpus:
-    - model: H100-SXM5-80GB   # a key from `gpuops catalog`
-      count: 8                # default 1
-      mig-enabled: false      # start in MIG mode (MIG-capable models only)
-      pci-class: 0x030200     # default: 3D controller (compute); 0x030000: VGA (graphics mode)
-      report-as:              # optional: report another name and PCI device id, to
-        name: NVIDIA H999     #   simulate a model gpuops does not know (behaves as `model`)
-        pci-device-id: 0x2999";
-
 fn change(
     state: &StateArg,
     what: impl FnOnce(&mut SimState) -> Result<(), SimError>,
@@ -197,7 +181,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 let s = SimState::from_fleet(&Fleet::resolve(name)?, 0)?;
                 t.add_row(vec![name.to_string(), s.summary()]);
             }
-            println!("{t}\n\n{FLEET_FORMAT}");
+            println!("{t}\n\n{}", gpuops_sim::fleet::FORMAT_HELP);
         }
         Action::Show { state } => {
             let s = Store::new(&state.state).load()?;
