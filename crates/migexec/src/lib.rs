@@ -61,6 +61,51 @@ pub enum ExecError {
     NotConverged(String),
     #[error("no checkpoint at {0}; `gpuops mig apply` writes one before changing anything")]
     NoCheckpoint(PathBuf),
+    // The io error is in the message and not a source, so `{:#}` does not say it twice.
+    #[error("reading {what} {path}: {error}")]
+    Read {
+        what: &'static str,
+        path: String,
+        error: std::io::Error,
+    },
+    #[error(transparent)]
+    Hooks(#[from] gpuops_mig::hooks::HooksError),
+    #[error(transparent)]
+    Config(#[from] gpuops_mig::config::ConfigError),
+}
+
+/// Reads a mig-parted config file (`-`: stdin), taking the ConfigMap named `configmap` when the
+/// file holds several.
+pub fn read_config(
+    file: &str,
+    configmap: Option<&str>,
+) -> Result<gpuops_mig::config::MigPartedConfig, ExecError> {
+    let read = |error| ExecError::Read {
+        what: "config file",
+        path: file.to_string(),
+        error,
+    };
+    let (text, origin) = if file == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(read)?;
+        (text, "<stdin>")
+    } else {
+        (std::fs::read_to_string(file).map_err(read)?, file)
+    };
+    Ok(gpuops_mig::config::parse_selecting(
+        &text, origin, configmap,
+    )?)
+}
+
+/// Reads and checks a mig-parted hooks file.
+pub fn read_hooks(path: &Path) -> Result<Hooks, ExecError> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|error| ExecError::Read {
+        what: "hooks file",
+        path: origin.clone(),
+        error,
+    })?;
+    Ok(Hooks::parse(&text, &origin)?)
 }
 
 fn nvml(what: String) -> impl FnOnce(NvmlError) -> ExecError {
@@ -306,6 +351,47 @@ fn run_hooks(opts: &Options, point: HookPoint) -> Result<(), ExecError> {
     Ok(())
 }
 
+impl std::fmt::Display for Progress<'_> {
+    /// What `gpuops mig apply` prints when it happens.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Progress::Interrupted {
+                applying,
+                checkpoint,
+            } => write!(
+                f,
+                "an earlier apply of {} was interrupted; converging (checkpoint {} keeps the layout from before it)",
+                applying.unwrap_or("?"),
+                checkpoint.display()
+            ),
+            Progress::NothingToDo { config } => {
+                write!(f, "nothing to do: the node already has config {config}")
+            }
+            Progress::Applied { config, changes } => {
+                write!(
+                    f,
+                    "applied config {config} ({changes} changes through the driver)"
+                )
+            }
+        }
+    }
+}
+
+impl Outcome {
+    /// One line per GPU whose MIG mode change waits for a reset, saying what to do.
+    pub fn pending_messages(&self) -> Vec<String> {
+        self.pending_reset
+            .iter()
+            .map(|(gpu, reason)| {
+                format!(
+                    "GPU {gpu}: the MIG mode change is pending a GPU reset ({reason}); gpuops never resets GPUs itself: \
+                     stop the GPU's clients (e.g. nvidia-persistenced, nvidia_drm) and reset it, or reboot the node, then apply again"
+                )
+            })
+            .collect()
+    }
+}
+
 /// What [`apply_checkpointed`] is doing, for the caller to tell the user as it happens.
 #[derive(Debug)]
 pub enum Progress<'a> {
@@ -315,9 +401,9 @@ pub enum Progress<'a> {
         checkpoint: &'a Path,
     },
     /// The node already has the config: hooks run, nothing else changes.
-    NothingToDo,
+    NothingToDo { config: &'a str },
     /// Applied and converged.
-    Applied { changes: usize },
+    Applied { config: &'a str, changes: usize },
 }
 
 /// Checkpoint, apply, mark the checkpoint done, and check the node converged (`converged` on a
@@ -347,7 +433,9 @@ pub fn apply_checkpointed(
             c
         }
         _ if nothing_to_do => {
-            progress(Progress::NothingToDo);
+            progress(Progress::NothingToDo {
+                config: &opts.config_name,
+            });
             return execute(gpus, &[], opts).map(|_| Outcome::default());
         }
         _ => {
@@ -367,6 +455,7 @@ pub fn apply_checkpointed(
     done.applying = None;
     write_checkpoint(path, &done)?;
     progress(Progress::Applied {
+        config: &opts.config_name,
         changes: outcome.nvml_changes,
     });
     Ok(outcome)

@@ -3,14 +3,12 @@
 
 use crate::gpu_source::{self, GpuArgs};
 use crate::output::{self, Format};
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Subcommand;
 use gpuops_mig::apply as plan;
-use gpuops_mig::config::{self, MigPartedConfig};
-use gpuops_mig::hooks::Hooks;
+use gpuops_mig::config::MigPartedConfig;
 use gpuops_mig::workload;
 use gpuops_migexec::{self as exec, Options};
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -177,22 +175,7 @@ enum ExportFormat {
 }
 
 fn read_config(args: &ConfigArgs) -> Result<MigPartedConfig> {
-    let (text, origin) = if args.file == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .context("reading the config from stdin")?;
-        (text, "<stdin>".to_string())
-    } else {
-        let text = std::fs::read_to_string(&args.file)
-            .with_context(|| format!("reading config file {}", args.file))?;
-        (text, args.file.clone())
-    };
-    Ok(config::parse_selecting(
-        &text,
-        &origin,
-        args.configmap.as_deref(),
-    )?)
+    Ok(exec::read_config(&args.file, args.configmap.as_deref())?)
 }
 
 fn checkpoint_path(arg: &CheckpointArg, opened: &gpu_source::Opened) -> PathBuf {
@@ -239,14 +222,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let (step_delay, crash_after) = (None, None);
             let cfg = read_config(&selected.config)?;
             let named = cfg.get(&selected.name)?;
-            let hooks = match hooks {
-                Some(path) => {
-                    let text = std::fs::read_to_string(&path)
-                        .with_context(|| format!("reading hooks file {}", path.display()))?;
-                    Some(Hooks::parse(&text, &path.display().to_string())?)
-                }
-                None => None,
-            };
+            let hooks = hooks.as_deref().map(exec::read_hooks).transpose()?;
             let opened = gpu_source::open(&gpus)?;
             let inv = opened.gpus.snapshot_with(gpuops_nvml::Scope::Mig)?;
             let targets = plan::targets_of(named, &inv)?;
@@ -376,26 +352,9 @@ fn apply_with_checkpoint(
         inv,
         applying,
         converged,
-        |p| match p {
-            exec::Progress::Interrupted {
-                applying,
-                checkpoint,
-            } => println!(
-                "an earlier apply of {} was interrupted; converging (checkpoint {} keeps the layout from before it)",
-                applying.unwrap_or("?"),
-                checkpoint.display()
-            ),
-            exec::Progress::NothingToDo => {
-                nothing = true;
-                println!(
-                    "nothing to do: the node already has config {}",
-                    opts.config_name
-                );
-            }
-            exec::Progress::Applied { changes } => println!(
-                "applied config {} ({changes} changes through the driver)",
-                opts.config_name
-            ),
+        |p| {
+            nothing |= matches!(p, exec::Progress::NothingToDo { .. });
+            println!("{p}");
         },
     )?;
     if nothing {
@@ -405,16 +364,11 @@ fn apply_with_checkpoint(
 }
 
 fn report_pending(outcome: &exec::Outcome) -> Result<ExitCode> {
-    if outcome.pending_reset.is_empty() {
-        return Ok(ExitCode::SUCCESS);
+    let pending = outcome.pending_messages();
+    for line in &pending {
+        eprintln!("{line}");
     }
-    for (gpu, reason) in &outcome.pending_reset {
-        eprintln!(
-            "GPU {gpu}: the MIG mode change is pending a GPU reset ({reason}); gpuops never resets GPUs itself: \
-             stop the GPU's clients (e.g. nvidia-persistenced, nvidia_drm) and reset it, or reboot the node, then apply again"
-        );
-    }
-    Ok(ExitCode::from(2))
+    Ok(ExitCode::from(if pending.is_empty() { 0 } else { 2 }))
 }
 
 fn validate(args: &ConfigArgs, only: Option<&str>, gpu: Option<&str>) -> Result<ExitCode> {
