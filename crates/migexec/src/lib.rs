@@ -536,6 +536,33 @@ mod tests {
     use gpuops_mig::checkpoint::GpuCheckpoint;
     use gpuops_mig::layout::Layout;
 
+    #[test]
+    fn unreadable_or_bad_config_and_hooks_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.yaml");
+        let e = read_config(missing.to_str().unwrap(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("reading config file {}: ", missing.display())),
+            "{e}"
+        );
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, "version: v1\nmig-configs:\n  x: 3\n").unwrap();
+        let e = read_config(bad.to_str().unwrap(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad.yaml:3"), "{e}");
+        let e = read_hooks(&missing).unwrap_err().to_string();
+        assert!(e.starts_with("reading hooks file "), "{e}");
+        std::fs::write(&bad, "version: v1\nhooks: 7\n").unwrap();
+        let e = read_hooks(&bad).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("hooks file {}", bad.display())),
+            "{e}"
+        );
+    }
+
     fn checkpoint() -> Checkpoint {
         Checkpoint {
             version: Checkpoint::VERSION.into(),
