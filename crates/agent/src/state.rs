@@ -30,6 +30,42 @@ pub struct Probes {
     pub last_loop_ms: Arc<std::sync::atomic::AtomicU64>,
     /// The loop is stuck when it has not gone round for this long.
     pub stale_after_ms: u64,
+    /// Whether the kubelet knows every advertised resource (`gpuops_deviceplugin::serve_reporting`);
+    /// `None`: this agent serves no device plugin.
+    pub registered: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Not ready once the last successful collection is older than this.
+    pub collection_stale_after: std::time::Duration,
+}
+
+/// What readiness is decided from, sampled once a second.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadyInputs {
+    pub nvml_loaded: bool,
+    /// `None`: no device plugin.
+    pub plugin_registered: Option<bool>,
+    /// How long ago the last successful collection began; `None`: none yet.
+    pub since_collection: Option<std::time::Duration>,
+    pub collection_stale_after: std::time::Duration,
+}
+
+/// Why the agent is not ready, or `None` when it is: NVML loaded, the device plugin registered
+/// with the kubelet, and a collection recent enough that /metrics is not stale.
+pub fn not_ready(i: &ReadyInputs) -> Option<String> {
+    if !i.nvml_loaded {
+        return Some("NVML is not loaded".into());
+    }
+    if i.plugin_registered == Some(false) {
+        return Some("the device plugin is not registered with the kubelet".into());
+    }
+    match i.since_collection {
+        None => Some("no GPU collection yet".into()),
+        Some(age) if age > i.collection_stale_after => Some(format!(
+            "the last GPU collection began {}s ago (stale after {}s)",
+            age.as_secs(),
+            i.collection_stale_after.as_secs()
+        )),
+        Some(_) => None,
+    }
 }
 
 impl Probes {
@@ -58,6 +94,8 @@ mod tests {
             serve: gpuops_serve::Probes::new(),
             last_loop_ms: Arc::new(AtomicU64::new(now_ms())),
             stale_after_ms: 60_000,
+            registered: None,
+            collection_stale_after: std::time::Duration::from_secs(50),
         };
         assert!(probes.loop_alive());
         probes
@@ -67,5 +105,59 @@ mod tests {
             !probes.loop_alive(),
             "a loop stuck for 61 s of 60 is not alive"
         );
+    }
+
+    #[test]
+    fn ready_needs_nvml_the_registered_plugin_and_a_recent_collection() {
+        use std::time::Duration;
+        let ok = ReadyInputs {
+            nvml_loaded: true,
+            plugin_registered: Some(true),
+            since_collection: Some(Duration::from_secs(3)),
+            collection_stale_after: Duration::from_secs(50),
+        };
+        assert_eq!(not_ready(&ok), None);
+        assert_eq!(
+            not_ready(&ReadyInputs {
+                plugin_registered: None,
+                ..ok
+            }),
+            None,
+            "without a device plugin there is nothing to register"
+        );
+        let cases = [
+            (
+                ReadyInputs {
+                    nvml_loaded: false,
+                    ..ok
+                },
+                "NVML is not loaded",
+            ),
+            (
+                ReadyInputs {
+                    plugin_registered: Some(false),
+                    ..ok
+                },
+                "not registered with the kubelet",
+            ),
+            (
+                ReadyInputs {
+                    since_collection: None,
+                    ..ok
+                },
+                "no GPU collection yet",
+            ),
+            (
+                ReadyInputs {
+                    since_collection: Some(Duration::from_secs(51)),
+                    ..ok
+                },
+                "began 51s ago (stale after 50s)",
+            ),
+        ];
+        for (inputs, want) in cases {
+            let why = not_ready(&inputs).unwrap_or_default();
+            assert!(why.contains(want), "{inputs:?}: {want:?} in {why:?}");
+        }
     }
 }
