@@ -370,6 +370,43 @@ fn the_static_manifest_has_the_agent_daemonset() {
     assert_eq!(svc["spec"]["ports"][0]["port"], 9400);
 }
 
+/// `devicePlugin.defaultConfig` becomes `--default-config`: the agent picks that named config for
+/// an unlabelled node, and refuses to start on a name its configs do not have.
+#[test]
+fn the_agent_takes_the_default_config_the_chart_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a"), "version: v1\n").unwrap();
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+    )
+    .unwrap();
+    let agent = |default: &str| {
+        common::gpuops()
+            .args(["agent", "--simulate", "l4x4", "--once", "--config-dir"])
+            .arg(dir.path())
+            .arg(format!("--default-config={default}"))
+            .output()
+            .unwrap()
+    };
+    for (name, devices) in [("a", 4), ("b", 16)] {
+        let out = agent(name);
+        let text = common::text(&out);
+        assert!(out.status.success(), "{text}");
+        assert!(
+            text.contains(&format!("for nvidia.com/gpu ({devices} devices)")),
+            "--default-config={name}: {devices} devices in\n{text}"
+        );
+    }
+    let out = agent("nope");
+    let text = common::text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("default config names config \"nope\", which does not exist (have: a, b)"),
+        "{text}"
+    );
+}
+
 #[test]
 fn manifests_help_has_examples() {
     let out = common::run(&["manifests", "--help"]);
