@@ -242,7 +242,9 @@ pub(crate) async fn serve(
             tokio::pin!(first);
             let mut rendered = false;
             let mut last_collection: Option<std::time::Instant> = None;
-            let mut reason: Option<String> = Some(String::new());
+            // Anything but "ready", so that the first round sets the latch and logs.
+            let mut reason = Some(crate::state::NotReady::NoCollection);
+            let mut first_round = true;
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
@@ -283,14 +285,15 @@ pub(crate) async fn serve(
                             since_collection: last_collection.map(|c| c.elapsed()),
                             collection_stale_after: probes.collection_stale_after,
                         });
-                        if why != reason {
+                        if first_round || !crate::state::NotReady::same_kind(why, reason) {
                             match &why {
                                 None => tracing::info!("ready: /readyz answers 200"),
                                 Some(w) => tracing::warn!(reason = %w, "not ready: {w}; /readyz answers 503"),
                             }
                             probes.serve.set_ready(why.is_none());
-                            reason = why;
+                            first_round = false;
                         }
+                        reason = why;
                     }
                 }
             }

@@ -48,22 +48,54 @@ pub struct ReadyInputs {
     pub collection_stale_after: std::time::Duration,
 }
 
+/// Why the agent is not ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotReady {
+    NoNvml,
+    NotRegistered,
+    NoCollection,
+    StaleCollection { age_s: u64, after_s: u64 },
+}
+
+impl NotReady {
+    /// The same reason, whatever the numbers: a stale collection is reported once, not every
+    /// second while its age grows.
+    pub fn same_kind(a: Option<NotReady>, b: Option<NotReady>) -> bool {
+        a.as_ref().map(std::mem::discriminant) == b.as_ref().map(std::mem::discriminant)
+    }
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotReady::NoNvml => write!(f, "NVML is not loaded"),
+            NotReady::NotRegistered => {
+                write!(f, "the device plugin is not registered with the kubelet")
+            }
+            NotReady::NoCollection => write!(f, "no GPU collection yet"),
+            NotReady::StaleCollection { age_s, after_s } => write!(
+                f,
+                "the last GPU collection began {age_s}s ago (stale after {after_s}s)"
+            ),
+        }
+    }
+}
+
 /// Why the agent is not ready, or `None` when it is: NVML loaded, the device plugin registered
 /// with the kubelet, and a collection recent enough that /metrics is not stale.
-pub fn not_ready(i: &ReadyInputs) -> Option<String> {
+pub fn not_ready(i: &ReadyInputs) -> Option<NotReady> {
     if !i.nvml_loaded {
-        return Some("NVML is not loaded".into());
+        return Some(NotReady::NoNvml);
     }
     if i.plugin_registered == Some(false) {
-        return Some("the device plugin is not registered with the kubelet".into());
+        return Some(NotReady::NotRegistered);
     }
     match i.since_collection {
-        None => Some("no GPU collection yet".into()),
-        Some(age) if age > i.collection_stale_after => Some(format!(
-            "the last GPU collection began {}s ago (stale after {}s)",
-            age.as_secs(),
-            i.collection_stale_after.as_secs()
-        )),
+        None => Some(NotReady::NoCollection),
+        Some(age) if age > i.collection_stale_after => Some(NotReady::StaleCollection {
+            age_s: age.as_secs(),
+            after_s: i.collection_stale_after.as_secs(),
+        }),
         Some(_) => None,
     }
 }
@@ -156,8 +188,21 @@ mod tests {
             ),
         ];
         for (inputs, want) in cases {
-            let why = not_ready(&inputs).unwrap_or_default();
+            let why = not_ready(&inputs)
+                .map(|w| w.to_string())
+                .unwrap_or_default();
             assert!(why.contains(want), "{inputs:?}: {want:?} in {why:?}");
         }
+        // A growing age is the same reason (logged once); another reason is not.
+        let stale = |s| {
+            Some(NotReady::StaleCollection {
+                age_s: s,
+                after_s: 50,
+            })
+        };
+        assert!(NotReady::same_kind(stale(51), stale(52)));
+        assert!(!NotReady::same_kind(stale(51), Some(NotReady::NoNvml)));
+        assert!(!NotReady::same_kind(stale(51), None));
+        assert!(NotReady::same_kind(None, None));
     }
 }
