@@ -225,11 +225,13 @@ impl Served {
 }
 
 /// Serves `/metrics` (and the probes) on `listener` until `stop`; liveness follows the snapshot
-/// loop, readiness the first collection.
+/// loop, readiness [`crate::state::not_ready`] (NVML, the plugin's registration, a recent
+/// collection) once the first collection is rendered.
 pub(crate) async fn serve(
     listener: gpuops_serve::Listener,
     served: Arc<Served>,
     probes: Probes,
+    state: watch::Receiver<Arc<crate::state::NodeState>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let watchdog = {
@@ -238,16 +240,18 @@ pub(crate) async fn serve(
         tokio::spawn(async move {
             let first = body.wait_for(|b| !b.is_empty());
             tokio::pin!(first);
-            let mut ready = false;
+            let mut rendered = false;
+            let mut last_collection: Option<std::time::Instant> = None;
+            // Anything but "ready", so that the first round sets the latch and logs.
+            let mut reason = Some(crate::state::NotReady::NoCollection);
+            let mut first_round = true;
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
                     _ = stop.changed() => return,
-                    done = &mut first, if !ready => {
-                        ready = true;
-                        if done.is_ok() {
-                            probes.serve.set_ready(true);
-                        }
+                    done = &mut first, if !rendered => {
+                        rendered = done.is_ok();
+                        tick.reset_immediately();
                     }
                     _ = tick.tick() => {
                         // A kubelet restarting the pod is the only cure for a hung driver call.
@@ -258,6 +262,38 @@ pub(crate) async fn serve(
                             }
                             probes.serve.set_live(alive);
                         }
+                        if !rendered {
+                            continue;
+                        }
+                        let (nvml_loaded, collection) = {
+                            let s = state.borrow();
+                            (s.nvml_loaded, s.collection)
+                        };
+                        // An XID or a failed read publishes a state without a collection: the
+                        // last successful one still counts until it is stale.
+                        if let Some(c) = collection
+                            && last_collection.is_none_or(|l| c > l)
+                        {
+                            last_collection = Some(c);
+                        }
+                        let why = crate::state::not_ready(&crate::state::ReadyInputs {
+                            nvml_loaded,
+                            plugin_registered: probes
+                                .registered
+                                .as_ref()
+                                .map(|r| r.load(Ordering::Relaxed)),
+                            since_collection: last_collection.map(|c| c.elapsed()),
+                            collection_stale_after: probes.collection_stale_after,
+                        });
+                        if first_round || !crate::state::NotReady::same_kind(why, reason) {
+                            match &why {
+                                None => tracing::info!("ready: /readyz answers 200"),
+                                Some(w) => tracing::warn!(reason = %w, "not ready: {w}; /readyz answers 503"),
+                            }
+                            probes.serve.set_ready(why.is_none());
+                            first_round = false;
+                        }
+                        reason = why;
                     }
                 }
             }

@@ -23,6 +23,9 @@ use tokio::task::JoinHandle;
 pub struct ConfigSource {
     pub file: Option<PathBuf>,
     pub named: Option<NamedConfigs>,
+    /// The named config for a node without the label (NVIDIA's chart: `config.default`); `None`:
+    /// the one named `default`, else the only one.
+    pub default_name: Option<String>,
     pub flags: Overrides,
     /// NVIDIA's env vars (MIG_STRATEGY, ...), read once by the binary.
     pub env: Overrides,
@@ -33,7 +36,7 @@ impl ConfigSource {
     pub fn resolve(&self, label: Option<&str>) -> Result<Config, String> {
         let parsed = match (&self.file, &self.named) {
             (_, Some(configs)) => Some(
-                gpuops_resources::select_named(configs, label, None)
+                gpuops_resources::select_named(configs, label, self.default_name.as_deref())
                     .map_err(|e| e.to_string())?
                     .config,
             ),

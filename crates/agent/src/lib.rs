@@ -121,6 +121,12 @@ impl Agent {
                 last_loop_ms: Arc::new(std::sync::atomic::AtomicU64::new(now_ms())),
                 // A loop blocked in NVML past its timeout for a few rounds is not alive.
                 stale_after_ms: (config.interval * 3 + config.snapshot_timeout).as_millis() as u64,
+                registered: config
+                    .plugin_dir
+                    .as_ref()
+                    .map(|_| Arc::new(std::sync::atomic::AtomicBool::new(false))),
+                // Two missed rounds: a slow read is not yet a reason to leave the Service.
+                collection_stale_after: config.interval * 2 + config.snapshot_timeout,
             },
             config,
         }
@@ -189,10 +195,16 @@ impl Agent {
 
         if let Some(dir) = config.plugin_dir {
             let (rx, stop) = (published_rx.clone(), stop_rx.clone());
+            let registered = probes
+                .registered
+                .clone()
+                .unwrap_or_else(|| Arc::new(std::sync::atomic::AtomicBool::new(false)));
             tasks.push((
                 "device plugin",
                 tokio::spawn(async move {
-                    if let Err(e) = gpuops_deviceplugin::serve(dir, rx, stop).await {
+                    if let Err(e) =
+                        gpuops_deviceplugin::serve_reporting(dir, rx, stop, registered).await
+                    {
                         tracing::error!(error = %e, "device plugin stopped");
                     }
                 }),
@@ -214,6 +226,7 @@ impl Agent {
                     m.listener,
                     served,
                     probes.clone(),
+                    state_rx.clone(),
                     stop_rx.clone(),
                 )),
             ));

@@ -206,6 +206,7 @@ pub struct GivenPlaces {
 pub fn config_source(
     file: Option<PathBuf>,
     dir: Option<&Path>,
+    default_name: Option<String>,
     flags: gpuops_resources::Overrides,
     env: gpuops_resources::Overrides,
 ) -> Result<(ConfigSource, Config), AgentError> {
@@ -213,6 +214,7 @@ pub fn config_source(
     let source = ConfigSource {
         file,
         named,
+        default_name,
         flags,
         env,
     };
@@ -409,6 +411,7 @@ mod tests {
         std::fs::write(&file, "version: v1\nflags:\n  migStrategy: sometimes\n").unwrap();
         let e = config_source(
             Some(file.clone()),
+            None,
             None,
             gpuops_resources::Overrides::default(),
             gpuops_resources::Overrides::default(),

@@ -122,7 +122,9 @@ pub(crate) async fn run(
                     ticker.reset_immediately();
                 }
             }
-            _ = ticker.tick(), if in_flight.is_none() && l.gpus.is_some() => {
+            // Also without NVML: the tick is the loop's heartbeat, and the retries to load NVML
+            // back off to minutes, far past the liveness deadline, on a node without GPUs.
+            _ = ticker.tick(), if in_flight.is_none() => {
                 if let Some(g) = l.gpus.clone() {
                     let task = tokio::task::spawn_blocking(move || g.snapshot_with(Scope::Live));
                     in_flight = Some((task, Instant::now(), false));
@@ -325,5 +327,58 @@ mod tests {
             ..Inventory::default()
         };
         assert_eq!(healthy_indices(&inv), vec![0, 1]);
+    }
+
+    /// On a node without GPUs (FAIL_ON_INIT_ERROR=false) the loop still goes round every
+    /// interval, though the retries to load NVML back off to minutes: liveness must not fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_nvml_the_loop_still_beats_every_interval() {
+        let (reports_tx, reports_rx) = mpsc::channel(4);
+        let live = Arc::new(AtomicU64::new(0));
+        let state = NodeState {
+            inventory: Arc::new(Inventory::default()),
+            health: gpuops_resources::health::HealthTracker::default(),
+            xids: gpuops_metrics::XidCounters::default(),
+            collection: None,
+            nvml_errors: 0,
+            nvml_loaded: false,
+        };
+        let (state_tx, _state_rx) = watch::channel(Arc::new(state));
+        let (_busy_tx, busy_rx) = watch::channel(false);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let l = Loop {
+            gpus: None,
+            libraries: vec![Library::Path("/nonexistent/libnvidia-ml.so.1".into())],
+            sysfs_root: "/nonexistent".into(),
+            reports_tx,
+            stop_xids: Arc::new(AtomicBool::new(false)),
+            interval: Duration::from_millis(50),
+            timeout: Duration::from_secs(1),
+            policy: HealthPolicy::from_env(None, None, 60_000).unwrap(),
+            healthy: Arc::new(Mutex::new(Vec::new())),
+            live: Arc::clone(&live),
+        };
+        let task = tokio::spawn(run(l, state_tx, busy_rx, reports_rx, async {
+            let _ = stop_rx.await;
+        }));
+        // NVML retries come at 1 s, then about 2 s later: sample across them.
+        let mut last = 0;
+        let mut widest = 0;
+        let until = std::time::Instant::now() + Duration::from_millis(2500);
+        while std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let beat = live.load(Ordering::Relaxed);
+            if last != 0 && beat == last {
+                widest = widest.max(now_ms().saturating_sub(beat));
+            }
+            last = beat;
+        }
+        let _ = stop_tx.send(());
+        let _ = task.await;
+        assert!(last != 0, "the loop never went round");
+        assert!(
+            widest < 500,
+            "the loop went {widest} ms without a beat at a 50 ms interval"
+        );
     }
 }

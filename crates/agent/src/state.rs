@@ -30,6 +30,74 @@ pub struct Probes {
     pub last_loop_ms: Arc<std::sync::atomic::AtomicU64>,
     /// The loop is stuck when it has not gone round for this long.
     pub stale_after_ms: u64,
+    /// Whether the kubelet knows every advertised resource (`gpuops_deviceplugin::serve_reporting`);
+    /// `None`: this agent serves no device plugin.
+    pub registered: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Not ready once the last successful collection is older than this.
+    pub collection_stale_after: std::time::Duration,
+}
+
+/// What readiness is decided from, sampled once a second.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadyInputs {
+    pub nvml_loaded: bool,
+    /// `None`: no device plugin.
+    pub plugin_registered: Option<bool>,
+    /// How long ago the last successful collection began; `None`: none yet.
+    pub since_collection: Option<std::time::Duration>,
+    pub collection_stale_after: std::time::Duration,
+}
+
+/// Why the agent is not ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotReady {
+    NoNvml,
+    NotRegistered,
+    NoCollection,
+    StaleCollection { age_s: u64, after_s: u64 },
+}
+
+impl NotReady {
+    /// The same reason, whatever the numbers: a stale collection is reported once, not every
+    /// second while its age grows.
+    pub fn same_kind(a: Option<NotReady>, b: Option<NotReady>) -> bool {
+        a.as_ref().map(std::mem::discriminant) == b.as_ref().map(std::mem::discriminant)
+    }
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotReady::NoNvml => write!(f, "NVML is not loaded"),
+            NotReady::NotRegistered => {
+                write!(f, "the device plugin is not registered with the kubelet")
+            }
+            NotReady::NoCollection => write!(f, "no GPU collection yet"),
+            NotReady::StaleCollection { age_s, after_s } => write!(
+                f,
+                "the last GPU collection began {age_s}s ago (stale after {after_s}s)"
+            ),
+        }
+    }
+}
+
+/// Why the agent is not ready, or `None` when it is: NVML loaded, the device plugin registered
+/// with the kubelet, and a collection recent enough that /metrics is not stale.
+pub fn not_ready(i: &ReadyInputs) -> Option<NotReady> {
+    if !i.nvml_loaded {
+        return Some(NotReady::NoNvml);
+    }
+    if i.plugin_registered == Some(false) {
+        return Some(NotReady::NotRegistered);
+    }
+    match i.since_collection {
+        None => Some(NotReady::NoCollection),
+        Some(age) if age > i.collection_stale_after => Some(NotReady::StaleCollection {
+            age_s: age.as_secs(),
+            after_s: i.collection_stale_after.as_secs(),
+        }),
+        Some(_) => None,
+    }
 }
 
 impl Probes {
@@ -58,6 +126,8 @@ mod tests {
             serve: gpuops_serve::Probes::new(),
             last_loop_ms: Arc::new(AtomicU64::new(now_ms())),
             stale_after_ms: 60_000,
+            registered: None,
+            collection_stale_after: std::time::Duration::from_secs(50),
         };
         assert!(probes.loop_alive());
         probes
@@ -67,5 +137,72 @@ mod tests {
             !probes.loop_alive(),
             "a loop stuck for 61 s of 60 is not alive"
         );
+    }
+
+    #[test]
+    fn ready_needs_nvml_the_registered_plugin_and_a_recent_collection() {
+        use std::time::Duration;
+        let ok = ReadyInputs {
+            nvml_loaded: true,
+            plugin_registered: Some(true),
+            since_collection: Some(Duration::from_secs(3)),
+            collection_stale_after: Duration::from_secs(50),
+        };
+        assert_eq!(not_ready(&ok), None);
+        assert_eq!(
+            not_ready(&ReadyInputs {
+                plugin_registered: None,
+                ..ok
+            }),
+            None,
+            "without a device plugin there is nothing to register"
+        );
+        let cases = [
+            (
+                ReadyInputs {
+                    nvml_loaded: false,
+                    ..ok
+                },
+                "NVML is not loaded",
+            ),
+            (
+                ReadyInputs {
+                    plugin_registered: Some(false),
+                    ..ok
+                },
+                "not registered with the kubelet",
+            ),
+            (
+                ReadyInputs {
+                    since_collection: None,
+                    ..ok
+                },
+                "no GPU collection yet",
+            ),
+            (
+                ReadyInputs {
+                    since_collection: Some(Duration::from_secs(51)),
+                    ..ok
+                },
+                "began 51s ago (stale after 50s)",
+            ),
+        ];
+        for (inputs, want) in cases {
+            let why = not_ready(&inputs)
+                .map(|w| w.to_string())
+                .unwrap_or_default();
+            assert!(why.contains(want), "{inputs:?}: {want:?} in {why:?}");
+        }
+        // A growing age is the same reason (logged once); another reason is not.
+        let stale = |s| {
+            Some(NotReady::StaleCollection {
+                age_s: s,
+                after_s: 50,
+            })
+        };
+        assert!(NotReady::same_kind(stale(51), stale(52)));
+        assert!(!NotReady::same_kind(stale(51), Some(NotReady::NoNvml)));
+        assert!(!NotReady::same_kind(stale(51), None));
+        assert!(NotReady::same_kind(None, None));
     }
 }

@@ -14,4 +14,4 @@ mod supervisor;
 pub use error::PluginError;
 pub use published::{Published, probe_host};
 pub use register::RegistrationBackoff;
-pub use supervisor::serve;
+pub use supervisor::{serve, serve_reporting};

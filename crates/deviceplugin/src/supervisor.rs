@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -37,7 +38,19 @@ const TICK: Duration = Duration::from_millis(500);
 pub async fn serve(
     plugin_dir: PathBuf,
     feed: watch::Receiver<Arc<Published>>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), PluginError> {
+    serve_reporting(plugin_dir, feed, shutdown, Arc::new(AtomicBool::new(false))).await
+}
+
+/// [`serve`], keeping `registered` true exactly while the kubelet's socket is there and every
+/// advertised resource is registered with that kubelet (the one whose socket is there now: a
+/// restarted kubelet has forgotten us until we register again). The agent's readiness reads it.
+pub async fn serve_reporting(
+    plugin_dir: PathBuf,
+    feed: watch::Receiver<Arc<Published>>,
     mut shutdown: watch::Receiver<bool>,
+    registered: Arc<AtomicBool>,
 ) -> Result<(), PluginError> {
     tokio::fs::create_dir_all(&plugin_dir)
         .await
@@ -112,6 +125,10 @@ pub async fn serve(
                 }
             }
         }
+        registered.store(
+            all_registered(kubelet, &current, &running),
+            Ordering::Relaxed,
+        );
         tokio::select! {
             _ = shutdown.changed() => break,
             _ = tokio::time::sleep(TICK) => {}
@@ -120,10 +137,26 @@ pub async fn serve(
             break;
         }
     }
+    registered.store(false, Ordering::Relaxed);
     for (_, r) in std::mem::take(&mut running) {
         stop(r).await;
     }
     Ok(())
+}
+
+/// Whether the kubelet whose socket is `kubelet` knows every resource of `current`.
+fn all_registered(
+    kubelet: Option<(u64, u64)>,
+    current: &Published,
+    running: &BTreeMap<String, Running>,
+) -> bool {
+    kubelet.is_some_and(|k| {
+        current.resources.iter().all(|resource| {
+            running
+                .get(&resource.name)
+                .is_some_and(|r| r.registered_with == Some(k))
+        })
+    })
 }
 
 /// (device, inode) of a socket file: a new file after a kubelet restart has a new identity.

@@ -28,6 +28,86 @@ impl Registration for Refusing {
     }
 }
 
+/// Accepts every Register call, as a kubelet does for a valid plugin.
+struct Accepting;
+
+#[tonic::async_trait]
+impl Registration for Accepting {
+    async fn register(
+        &self,
+        _: tonic::Request<RegisterRequest>,
+    ) -> Result<tonic::Response<Empty>, tonic::Status> {
+        Ok(tonic::Response::new(Empty {}))
+    }
+}
+
+/// A kubelet registration server on `dir`/kubelet.sock (a fresh socket file, as after a restart).
+fn kubelet<R: Registration>(dir: &std::path::Path, service: R) -> tokio::task::JoinHandle<()> {
+    let socket = dir.join("kubelet.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = tokio::net::UnixListener::bind(socket).unwrap();
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(service))
+            .serve_with_incoming(gpuops_kubelet_api::unix::incoming(listener))
+            .await;
+    })
+}
+
+async fn wait_for(what: &str, flag: &std::sync::atomic::AtomicBool, want: bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while flag.load(std::sync::atomic::Ordering::Relaxed) != want {
+        assert!(Instant::now() < deadline, "{what}: still {}", !want);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_is_true_only_while_the_current_kubelet_knows_every_resource() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let published = one_gpu();
+    let plugin_socket = dir.path().join(&published.resources[0].socket_name);
+    let (_feed_tx, feed) = watch::channel(Arc::new(published));
+    let (stop_tx, stop) = watch::channel(false);
+    let registered = Arc::new(AtomicBool::new(true));
+    let plugin = tokio::spawn(gpuops_deviceplugin::serve_reporting(
+        dir.path().to_path_buf(),
+        feed,
+        stop,
+        Arc::clone(&registered),
+    ));
+    // No kubelet yet: serving, not registered.
+    wait_for("no kubelet", &registered, false).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !plugin_socket.exists() {
+        assert!(Instant::now() < deadline, "no plugin socket");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!registered.load(Ordering::Relaxed));
+
+    let first = kubelet(dir.path(), Accepting);
+    wait_for("registered with the kubelet", &registered, true).await;
+
+    // The kubelet restarts (it deletes every plugin socket and makes a new kubelet.sock) and
+    // refuses us: no longer registered.
+    first.abort();
+    std::fs::remove_file(&plugin_socket).unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let second = kubelet(
+        dir.path(),
+        Refusing {
+            calls: Arc::clone(&calls),
+        },
+    );
+    wait_for("a restarted kubelet that refused", &registered, false).await;
+    assert!(!calls.lock().unwrap().is_empty());
+
+    stop_tx.send(true).unwrap();
+    plugin.await.unwrap().unwrap();
+    second.abort();
+}
+
 fn one_gpu() -> gpuops_deviceplugin::Published {
     let inventory = gpuops_inventory::Inventory {
         gpus: vec![gpuops_inventory::Gpu {

@@ -4,6 +4,12 @@
 //! (computed here with `gpuops_packing` from the same nodes and pods). A look-alike pod (the
 //! share annotation but no GPU request) is scheduled normally, without the extender. The
 //! extender runs with only the ClusterRole of deploy/scheduler/rbac.yaml.
+//!
+//! The chart's second scheduler (`extender.enabled`): installed with `helm install`, its rendered
+//! KubeSchedulerConfiguration run by the real kube-scheduler and `gpuops scheduler-extender`
+//! as processes (no image can be pulled here), each with its own ServiceAccount's token. A pod
+//! with `schedulerName: gpuops-scheduler` is bound through the extender, one the extender
+//! refuses stays pending with its reason, and the lease held is the one the config names.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod common;
@@ -372,4 +378,238 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> String {
     let mut out = String::new();
     let _ = stream.read_to_string(&mut out);
     out
+}
+
+/// `helm ARGS` with Helm's own files under the test bed; stdout.
+fn helm(cluster: &Cluster, args: &[&str]) -> String {
+    let home = cluster.dir().join("helm-home");
+    let out = std::process::Command::new(cluster.bin().join("helm"))
+        .args(args)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm {args:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A kubeconfig with a token of ServiceAccount `gpuops/name` from the TokenRequest API.
+fn service_account_kubeconfig(cluster: &Cluster, name: &str) -> std::path::PathBuf {
+    let token = cluster
+        .kubectl(&["create", "token", name, "-n", "gpuops", "--duration=30m"])
+        .unwrap();
+    let path = cluster.dir().join(format!("kubeconfig-{name}"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: bed\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: sa\n  user:\n    token: {}\ncontexts:\n- name: bed\n  context:\n    cluster: bed\n    user: sa\ncurrent-context: bed\n",
+            cluster.server(),
+            token.trim()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_charts_scheduler_binds_through_the_extender_and_holds_its_own_lease() {
+    // No default scheduler: whatever gets bound, the chart's scheduler bound it.
+    let cluster = Cluster::start(ClusterOptions {
+        kwok: true,
+        scheduler: false,
+        ..ClusterOptions::default()
+    })
+    .unwrap();
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpuops");
+    let kubeconfig = cluster.kubeconfig();
+    helm(
+        &cluster,
+        &[
+            "install",
+            "gpuops",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "gpuops",
+            "--create-namespace",
+            "--set",
+            "extender.enabled=true",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+    );
+    // What Helm installed, as the apiserver stored it.
+    let cm = cluster
+        .get_json(&["configmap", "gpuops-scheduler", "-n", "gpuops"])
+        .unwrap();
+    let mut config: serde_json::Value =
+        serde_saphyr::from_str(cm["data"]["kube-scheduler-config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        config["profiles"],
+        serde_json::json!([{"schedulerName": "gpuops-scheduler"}])
+    );
+    assert_eq!(
+        config["extenders"][0]["urlPrefix"],
+        "http://gpuops-scheduler-extender.gpuops.svc:8888"
+    );
+    let lease_name = config["leaderElection"]["resourceName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let lease_namespace = config["leaderElection"]["resourceNamespace"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        (lease_name.as_str(), lease_namespace.as_str()),
+        ("gpuops-scheduler", "gpuops")
+    );
+
+    // Out of a pod: no Service DNS, no in-cluster config. Everything else as rendered.
+    let port = free_port().unwrap();
+    config["extenders"][0]["urlPrefix"] = format!("http://127.0.0.1:{port}").into();
+    config["clientConnection"] = serde_json::json!({"kubeconfig":
+        service_account_kubeconfig(&cluster, "gpuops-scheduler").to_str().unwrap()});
+    let config_file = cluster.dir().join("gpuops-scheduler-config.yaml");
+    std::fs::write(&config_file, serde_json::to_string(&config).unwrap()).unwrap();
+
+    let log = cluster.dir().join("chart-extender.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let _extender = Extender(
+        common::gpuops()
+            .args([
+                "scheduler-extender",
+                "--address",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .arg("--kubeconfig")
+            .arg(service_account_kubeconfig(
+                &cluster,
+                "gpuops-scheduler-extender",
+            ))
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap(),
+    );
+    let extender_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let scheduler_log_path = cluster.dir().join("gpuops-scheduler.log");
+    let out = std::fs::File::create(&scheduler_log_path).unwrap();
+    let _scheduler = Extender(
+        std::process::Command::new(cluster.bin().join("kube-scheduler"))
+            .arg(format!("--config={}", config_file.display()))
+            .arg(format!("--secure-port={}", free_port().unwrap()))
+            .arg("--bind-address=127.0.0.1")
+            .arg("-v=2")
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap(),
+    );
+    let logs = || {
+        format!(
+            "kube-scheduler log:\n{}\nextender log:\n{}",
+            std::fs::read_to_string(&scheduler_log_path).unwrap_or_default(),
+            extender_log()
+        )
+    };
+
+    cluster.apply(&node_yaml("gpu-a", 1)).unwrap();
+    wait_until("the extender's /readyz", Duration::from_secs(60), || {
+        http(port, "GET", "/readyz", "").starts_with("HTTP/1.1 200")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let probe = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}});
+    let args = serde_json::json!({"Pod": probe, "NodeNames": ["gpu-a"]}).to_string();
+    wait_until(
+        "the extender to watch gpu-a",
+        Duration::from_secs(60),
+        || {
+            http(port, "POST", "/prioritize", &args)
+                .ends_with("[{\"Host\":\"gpu-a\",\"Score\":10}]")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+
+    let ours = |name: &str, shape: Shape| {
+        pod_yaml(name, shape).replacen("spec:\n", "spec:\n  schedulerName: gpuops-scheduler\n", 1)
+    };
+    cluster.apply(&ours("first", (1, Some(600)))).unwrap();
+    wait_until(
+        "first to be bound by gpuops-scheduler",
+        Duration::from_secs(90),
+        || node_of(&cluster, "first").is_some(),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    assert_eq!(node_of(&cluster, "first").as_deref(), Some("gpu-a"));
+    let events = cluster
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            "involvedObject.name=first",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    assert!(
+        events.contains("gpuops-scheduler"),
+        "bound by gpuops-scheduler:\n{events}"
+    );
+
+    // 2 of the GPU's 4 replicas are free, so kube-scheduler alone would bind it; the extender
+    // knows 600 + 600 milli do not fit on one GPU.
+    let share = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "share", "namespace": "default",
+            "annotations": {"gpuops.io/gpu-milli": "600"}},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}});
+    let filter = serde_json::json!({"Pod": share, "NodeNames": ["gpu-a"]}).to_string();
+    wait_until(
+        "first's binding in the extender's watch",
+        Duration::from_secs(30),
+        || http(port, "POST", "/filter", &filter).contains("\"FailedNodes\":{\"gpu-a\""),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    cluster.apply(&ours("second", (1, Some(600)))).unwrap();
+    wait_until(
+        "the extender's reason on second",
+        Duration::from_secs(90),
+        || {
+            cluster
+                .kubectl(&[
+                    "get",
+                    "events",
+                    "-n",
+                    "default",
+                    "--field-selector",
+                    "involvedObject.name=second",
+                ])
+                .is_ok_and(|e| e.contains("gpuops"))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    assert_eq!(node_of(&cluster, "second"), None);
+
+    // The lease the config names is held, by this scheduler; the control plane's is untouched.
+    let lease = cluster
+        .get_json(&["lease", &lease_name, "-n", &lease_namespace])
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default();
+    assert!(!holder.is_empty(), "{lease}");
+    assert!(
+        cluster
+            .kubectl(&["get", "lease", "kube-scheduler", "-n", "kube-system"])
+            .is_err(),
+        "the control plane's lease was not taken"
+    );
 }

@@ -219,6 +219,12 @@ fn the_static_manifest_has_the_agent_daemonset() {
         }
     }
 
+    // The agent mounts host paths and runs privileged: PodSecurity must allow it there.
+    assert_eq!(
+        objects[0]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "privileged"
+    );
+
     let ds = find(&objects, "DaemonSet", "gpuops");
     let pod = &ds["spec"]["template"]["spec"];
     let tolerations = pod["tolerations"].as_array().unwrap();
@@ -318,6 +324,34 @@ fn the_static_manifest_has_the_agent_daemonset() {
         c["securityContext"],
         json!({"runAsUser": 0, "readOnlyRootFilesystem": true, "privileged": true})
     );
+    // Probes on the agent's own endpoints; startup slack for a slow first NVML load.
+    let probe = |path: &str, period: u32, failures: u32| {
+        json!({"httpGet": {"path": path, "port": "metrics"}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": 5})
+    };
+    assert_eq!(c["startupProbe"], probe("/healthz", 5, 60));
+    assert_eq!(c["livenessProbe"], probe("/healthz", 10, 3));
+    assert_eq!(c["readinessProbe"], probe("/readyz", 10, 3));
+    // Writable: only emptyDir and hostPath volumes (the root filesystem is read-only).
+    for v in pod["volumes"].as_array().unwrap() {
+        assert!(
+            v.get("emptyDir").is_some()
+                || v.get("hostPath").is_some()
+                || v.get("configMap").is_some(),
+            "{v}"
+        );
+    }
+    for m in c["volumeMounts"].as_array().unwrap() {
+        let v = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .unwrap();
+        if v.get("configMap").is_some() {
+            assert_eq!(m["readOnly"], true, "{m}");
+        }
+    }
 
     let cm = find(&objects, "ConfigMap", "gpuops-mig-config");
     let mig = cm["data"]["config.yaml"].as_str().unwrap();
@@ -344,6 +378,43 @@ fn the_static_manifest_has_the_agent_daemonset() {
     );
     let svc = find(&objects, "Service", "gpuops-metrics");
     assert_eq!(svc["spec"]["ports"][0]["port"], 9400);
+}
+
+/// `devicePlugin.defaultConfig` becomes `--default-config`: the agent picks that named config for
+/// an unlabelled node, and refuses to start on a name its configs do not have.
+#[test]
+fn the_agent_takes_the_default_config_the_chart_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a"), "version: v1\n").unwrap();
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+    )
+    .unwrap();
+    let agent = |default: &str| {
+        common::gpuops()
+            .args(["agent", "--simulate", "l4x4", "--once", "--config-dir"])
+            .arg(dir.path())
+            .arg(format!("--default-config={default}"))
+            .output()
+            .unwrap()
+    };
+    for (name, devices) in [("a", 4), ("b", 16)] {
+        let out = agent(name);
+        let text = common::text(&out);
+        assert!(out.status.success(), "{text}");
+        assert!(
+            text.contains(&format!("for nvidia.com/gpu ({devices} devices)")),
+            "--default-config={name}: {devices} devices in\n{text}"
+        );
+    }
+    let out = agent("nope");
+    let text = common::text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("default config names config \"nope\", which does not exist (have: a, b)"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -562,6 +633,53 @@ fn helm_chart_installs_and_its_rbac_is_least_privilege() {
         ),
         ("migStrategy=mixd", "'/migStrategy': value must be one of"),
         ("metrics.port=http", "'/metrics/port'"),
+        (
+            "devicePlugin.configMapNam=x",
+            "additional properties 'configMapNam' not allowed",
+        ),
+        ("mig.configMapName=Not_A_Name", "'/mig/configMapName'"),
+        ("hostNetwork=yes", "'/hostNetwork'"),
+        (
+            "podLable.team=gpu",
+            "additional properties 'podLable' not allowed",
+        ),
+        (
+            "probes.liveness.periodSeconds=0",
+            "'/probes/liveness/periodSeconds'",
+        ),
+        (
+            "probes.readyness.enabled=false",
+            "additional properties 'readyness' not allowed",
+        ),
+        (
+            "extender.polcy=fgd",
+            "additional properties 'polcy' not allowed",
+        ),
+        (
+            "extender.policy=fastest",
+            "'/extender/policy': value must be one of",
+        ),
+        (
+            "extender.scheduler.leaderElection.resourceNam=x",
+            "additional properties 'resourceNam' not allowed",
+        ),
+        (
+            "extender.scheduler.schedulerName=Gpu_Scheduler",
+            "'/extender/scheduler/schedulerName'",
+        ),
+        // Values that contradict each other.
+        (
+            "devicePlugin.configMapName=x,devicePlugin.configs.a=b",
+            "devicePlugin.configs and devicePlugin.configMapName are both set",
+        ),
+        (
+            "mig.configMapName=x,mig.config=y",
+            "mig.config and mig.configMapName are both set",
+        ),
+        (
+            "devicePlugin.defaultConfig=l4",
+            "devicePlugin.defaultConfig needs devicePlugin.configs or devicePlugin.configMapName",
+        ),
     ] {
         let home = cluster.dir().join("helm-home");
         let (ok, out, err) = exec(
@@ -837,6 +955,7 @@ fn values_change_the_objects(template: &Template, values_file: &Path) {
         json!({
             "runAsUser": 0, "readOnlyRootFilesystem": true, "privileged": false,
             "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
         })
     );
     assert!(!args_of(ds).iter().any(|a| a.starts_with("--mig-")));
@@ -946,6 +1065,267 @@ fn values_change_the_objects(template: &Template, values_file: &Path) {
     let config: Value =
         serde_saphyr::from_str(cm["data"]["kube-scheduler-config.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(config["kind"], "KubeSchedulerConfiguration");
+
+    existing_configmaps_by_name(template);
+    pod_settings(template);
+    probes_follow_the_values(template);
+    the_extender_and_its_scheduler(template);
+}
+
+/// `devicePlugin.configMapName` / `mig.configMapName`: the user's ConfigMaps are mounted and the
+/// chart renders none of its own.
+fn existing_configmaps_by_name(template: &Template) {
+    let objects = template(
+        "gpuops",
+        "gpuops",
+        &[
+            "--set",
+            "devicePlugin.configMapName=time-slicing-config,devicePlugin.defaultConfig=l4",
+            "--set",
+            "mig.configMapName=mig-parted-config",
+        ],
+    );
+    assert!(
+        !kinds(&objects).iter().any(|k| k.starts_with("ConfigMap/")),
+        "{:?}",
+        kinds(&objects)
+    );
+    let ds = find(&objects, "DaemonSet", "gpuops");
+    let args = args_of(ds);
+    for a in [
+        "--config-dir=/etc/gpuops/device-plugin",
+        "--default-config=l4",
+        "--mig-config-file=/etc/gpuops/mig/config.yaml",
+    ] {
+        assert!(args.contains(&a.to_string()), "{a} in {args:?}");
+    }
+    let volumes = ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap();
+    let configmap = |volume: &str| {
+        volumes
+            .iter()
+            .find(|v| v["name"] == volume)
+            .map(|v| v["configMap"]["name"].clone())
+    };
+    assert_eq!(
+        configmap("device-plugin-configs"),
+        Some(json!("time-slicing-config"))
+    );
+    assert_eq!(configmap("mig-config"), Some(json!("mig-parted-config")));
+    // A config file of the user's keeps its own migStrategy.
+    assert!(env_of(ds, "MIG_STRATEGY").is_none());
+
+    // Without a name, defaultConfig picks one of the chart's own configs.
+    let objects = template(
+        "gpuops",
+        "gpuops",
+        &[
+            "--set-string",
+            "devicePlugin.configs.a=version: v1\n,devicePlugin.configs.b=version: v1\n",
+            "--set",
+            "devicePlugin.defaultConfig=b",
+        ],
+    );
+    let ds = find(&objects, "DaemonSet", "gpuops");
+    assert!(args_of(ds).contains(&"--default-config=b".to_string()));
+    assert_eq!(
+        configmap_of(ds, "device-plugin-configs"),
+        Some(json!("gpuops-device-plugin-configs"))
+    );
+}
+
+fn configmap_of(ds: &Value, volume: &str) -> Option<Value> {
+    ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == volume)
+        .map(|v| v["configMap"]["name"].clone())
+}
+
+/// hostNetwork, pod labels, the pod and container security contexts.
+fn pod_settings(template: &Template) {
+    let objects = template(
+        "gpuops",
+        "gpuops",
+        &[
+            "--set",
+            "hostNetwork=true,podLabels.team=gpu,podSecurityContext.fsGroup=0",
+            "--set",
+            "mig.enabled=false,devicePlugin.enabled=false",
+            "--set",
+            "securityContext.runAsUser=65532,securityContext.runAsNonRoot=true",
+        ],
+    );
+    let ds = find(&objects, "DaemonSet", "gpuops");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(pod["securityContext"], json!({"fsGroup": 0}));
+    let labels = &ds["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(labels["team"], "gpu");
+    assert_eq!(labels["app.kubernetes.io/name"], "gpuops");
+    // The user's fields win, the hardening stays.
+    assert_eq!(
+        container(ds)["securityContext"],
+        json!({
+            "runAsUser": 65532, "runAsNonRoot": true, "readOnlyRootFilesystem": true,
+            "privileged": false, "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+        })
+    );
+    // The selector never carries the user's labels (it cannot change after the first install).
+    assert!(ds["spec"]["selector"]["matchLabels"].get("team").is_none());
+}
+
+fn probes_follow_the_values(template: &Template) {
+    let objects = template(
+        "gpuops",
+        "gpuops",
+        &[
+            "--set",
+            "probes.startup.failureThreshold=120,probes.liveness.periodSeconds=30",
+            "--set",
+            "probes.readiness.enabled=false",
+        ],
+    );
+    let c = container(find(&objects, "DaemonSet", "gpuops"));
+    assert_eq!(c["startupProbe"]["failureThreshold"], 120);
+    assert_eq!(c["livenessProbe"]["periodSeconds"], 30);
+    assert!(c.get("readinessProbe").is_none());
+    // No metrics port, no endpoints to probe.
+    let objects = template("gpuops", "gpuops", &["--set", "metrics.enabled=false"]);
+    let c = container(find(&objects, "DaemonSet", "gpuops"));
+    for p in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert!(c.get(p).is_none(), "{p} without metrics: {c}");
+    }
+}
+
+/// The extender's Deployment, Service and least-privilege RBAC, and the second kube-scheduler
+/// with its own profile and lease.
+fn the_extender_and_its_scheduler(template: &Template) {
+    assert!(
+        !kinds(&template("gpuops", "gpuops", &[]))
+            .iter()
+            .any(|k| k.contains("extender") || k.ends_with("/gpuops-scheduler")),
+        "off by default"
+    );
+    let objects = template(
+        "gpuops",
+        "gpu-system",
+        &[
+            "--set",
+            "extender.enabled=true,extender.policy=fgd,extender.podLabels.team=gpu",
+            "--set",
+            "extender.scheduler.schedulerName=packed,extender.scheduler.leaderElection.resourceName=packed-lease",
+            "--kube-version",
+            "v1.35.4",
+        ],
+    );
+    let ext = find(&objects, "Deployment", "gpuops-scheduler-extender");
+    let pod = &ext["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "gpuops-scheduler-extender");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(ext["spec"]["template"]["metadata"]["labels"]["team"], "gpu");
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["args"],
+        json!([
+            "scheduler-extender",
+            "--address=0.0.0.0:8888",
+            "--policy=fgd"
+        ])
+    );
+    assert_eq!(
+        c["securityContext"],
+        json!({"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]}})
+    );
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let svc = find(&objects, "Service", "gpuops-scheduler-extender");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 8888);
+    assert_eq!(
+        svc["spec"]["selector"]["app.kubernetes.io/component"],
+        "scheduler-extender"
+    );
+    assert_eq!(
+        find(&objects, "ClusterRole", "gpuops-scheduler-extender")["rules"],
+        json!([{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}])
+    );
+
+    let sched = find(&objects, "Deployment", "gpuops-scheduler");
+    let pod = &sched["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "gpuops-scheduler");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["containers"][0]["image"], "registry.k8s.io/kube-scheduler:v1.35.4",
+        "the cluster's version"
+    );
+    let config = scheduler_config(&objects, "gpuops-scheduler");
+    assert_eq!(config["profiles"], json!([{"schedulerName": "packed"}]));
+    assert_eq!(
+        config["leaderElection"],
+        json!({"leaderElect": true, "resourceName": "packed-lease", "resourceNamespace": "gpu-system"})
+    );
+    assert_eq!(
+        config["extenders"][0]["urlPrefix"],
+        "http://gpuops-scheduler-extender.gpu-system.svc:8888"
+    );
+    let lease = find(&objects, "Role", "gpuops-scheduler-lease");
+    assert_eq!(lease["metadata"]["namespace"], "gpu-system");
+    assert_eq!(
+        lease["rules"],
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "resourceNames": ["packed-lease"], "verbs": ["get", "update"]}])
+    );
+    for (binding, role) in [
+        ("gpuops-scheduler-kube-scheduler", "system:kube-scheduler"),
+        (
+            "gpuops-scheduler-volume-scheduler",
+            "system:volume-scheduler",
+        ),
+    ] {
+        let b = find(&objects, "ClusterRoleBinding", binding);
+        assert_eq!(b["roleRef"]["name"], role);
+        assert_eq!(
+            b["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "gpuops-scheduler", "namespace": "gpu-system"}])
+        );
+    }
+    // An image tag of the user's wins; the scheduler can be left out.
+    let objects = template(
+        "gpuops",
+        "gpuops",
+        &[
+            "--set",
+            "extender.enabled=true,extender.scheduler.image.tag=v1.34.2",
+        ],
+    );
+    assert_eq!(
+        find(&objects, "Deployment", "gpuops-scheduler")["spec"]["template"]["spec"]["containers"]
+            [0]["image"],
+        "registry.k8s.io/kube-scheduler:v1.34.2"
+    );
+    let objects = template(
+        "gpuops",
+        "gpuops",
+        &[
+            "--set",
+            "extender.enabled=true,extender.scheduler.enabled=false",
+        ],
+    );
+    assert!(
+        !kinds(&objects).contains(&"Deployment/gpuops-scheduler".to_string()),
+        "{:?}",
+        kinds(&objects)
+    );
+}
+
+/// The KubeSchedulerConfiguration in ConfigMap `name`.
+fn scheduler_config(objects: &[Value], name: &str) -> Value {
+    let cm = find(objects, "ConfigMap", name);
+    serde_saphyr::from_str(cm["data"]["kube-scheduler-config.yaml"].as_str().unwrap()).unwrap()
 }
 
 async fn agent_client(kubeconfig: &Path) -> kube::Client {

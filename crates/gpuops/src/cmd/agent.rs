@@ -55,6 +55,16 @@ pub struct Args {
         conflicts_with = "config_file"
     )]
     config_dir: Option<PathBuf>,
+    /// The named config of --config-dir for nodes without the `nvidia.com/device-plugin.config`
+    /// label (NVIDIA's chart: `config.default`) [default: the config named `default`, else the
+    /// only one].
+    #[arg(
+        long,
+        env = "GPUOPS_DEFAULT_CONFIG",
+        value_name = "NAME",
+        requires = "config_dir"
+    )]
+    default_config: Option<String>,
     /// Do not serve the kubelet device plugin API.
     #[arg(long)]
     no_device_plugin: bool,
@@ -197,6 +207,7 @@ pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
         device_plugin_dir: None,
         config_file: None,
         config_dir: None,
+        default_config: None,
         no_device_plugin: true,
         snapshot_timeout: Duration::from_secs(30),
         node: NodeFlags::default(),
@@ -282,6 +293,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (source, config) = prepare::config_source(
         args.config_file.clone(),
         args.config_dir.as_deref(),
+        args.default_config.clone(),
         args.nvidia.overrides()?,
         gpuops_resources::config::Overrides::from_env(std::env::vars())?,
     )?;

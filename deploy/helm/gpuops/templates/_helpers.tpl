@@ -41,3 +41,26 @@ app.kubernetes.io/part-of: gpuops
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Values that contradict each other fail the render, naming both. */}}
+{{- define "gpuops.checkValues" -}}
+{{- if and .Values.devicePlugin.configs .Values.devicePlugin.configMapName -}}
+{{- fail "devicePlugin.configs and devicePlugin.configMapName are both set: give the configs inline or name an existing ConfigMap, not both" -}}
+{{- end -}}
+{{- if and .Values.mig.config .Values.mig.configMapName -}}
+{{- fail "mig.config and mig.configMapName are both set: give the config inline or name an existing ConfigMap, not both" -}}
+{{- end -}}
+{{- if and .Values.devicePlugin.defaultConfig (not (or .Values.devicePlugin.configs .Values.devicePlugin.configMapName)) -}}
+{{- fail "devicePlugin.defaultConfig needs devicePlugin.configs or devicePlugin.configMapName: it names one of their configs" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The extender's full name. */}}
+{{- define "gpuops.extenderName" -}}
+{{- printf "%s-scheduler-extender" (include "gpuops.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The second kube-scheduler's full name. */}}
+{{- define "gpuops.schedulerName" -}}
+{{- printf "%s-scheduler" (include "gpuops.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
