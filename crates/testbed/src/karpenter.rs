@@ -97,7 +97,7 @@ pub struct KarpenterOptions {
     /// Declare `gpuops.io/gpu-not-ready:NoSchedule` as a NodePool startup taint (the nodes then
     /// register with it and lose it when their GPUs appear).
     pub startup_taint: bool,
-    /// KWOKNodeClass `nodeRegistrationDelay`: launch to Node object (the boot).
+    /// KWOKNodeClass `nodeRegistrationDelay`: launch to Node object (the boot); whole seconds.
     pub registration_delay: Duration,
     /// Node registration to GPUs in allocatable (the device plugin).
     pub devices_delay: Duration,
@@ -519,7 +519,8 @@ fn prove_the_policy_strips(kube: &Kubectl, resources: &[String]) -> Result<(), B
 fn node_class(registration_delay: Duration) -> Value {
     json!({"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
         "metadata": {"name": NODE_CLASS},
-        "spec": {"nodeRegistrationDelay": format!("{}ms", registration_delay.as_millis())}})
+        // The CRD takes whole seconds, minutes or hours only.
+        "spec": {"nodeRegistrationDelay": format!("{}s", registration_delay.as_secs())}})
 }
 
 fn node_pool(options: &KarpenterOptions) -> Value {
