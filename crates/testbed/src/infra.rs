@@ -724,6 +724,29 @@ mod tests {
     }
 
     #[test]
+    fn mig_and_shared_devices_appear_together_and_a_partial_set_is_completed() {
+        let mut shape = NodeShape::gpu("A100", "nvidia.com/mig-1g.10gb", 56);
+        shape
+            .devices
+            .insert("nvidia.com/gpu.shared".into(), "4".into());
+        let m = machine("m1", 5000, shape);
+        let mut n = node_of(&m, 5000);
+        n.allocatable
+            .insert("nvidia.com/mig-1g.10gb".into(), "56".into());
+        let actions = device_actions(&n, &m.shape.clone().unwrap().devices, Duration::ZERO);
+        assert_eq!(
+            actions,
+            vec![Action::PatchNodeStatus {
+                name: "m1".into(),
+                patch: json!({"status": {
+                    "capacity": {"nvidia.com/gpu.shared": "4", "nvidia.com/mig-1g.10gb": "56"},
+                    "allocatable": {"nvidia.com/gpu.shared": "4", "nvidia.com/mig-1g.10gb": "56"}}}),
+            }],
+            "the startup taint stays until every configured device is there"
+        );
+    }
+
+    #[test]
     fn a_node_whose_machine_is_gone_is_deleted_and_other_nodes_are_left_alone() {
         let m = machine("m1", 5000, NodeShape::gpu("H100", "nvidia.com/gpu", 8));
         let orphan = node_of(&m, 5000);

@@ -91,6 +91,10 @@ pub struct Outcome {
     pub gpu_hours_bought: f64,
     /// The pods' GPUs x their time to capacity, for scale.
     pub gpu_hours_requested_while_pending: f64,
+    /// When the first new Node appeared, and the first Node with GPUs in allocatable (the
+    /// device-plugin delay shows between the two).
+    pub first_node: Option<Duration>,
+    pub first_gpus: Option<Duration>,
 }
 
 impl Outcome {
@@ -107,13 +111,15 @@ impl Outcome {
         sorted.sort();
         let p50 = sorted.get(sorted.len() / 2).copied();
         format!(
-            "| {} | {} | {}/{} | {} | {} | {} | {} | {:.4} |",
+            "| {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {:.4} |",
             self.scenario,
             self.autoscaler,
             self.time_to_capacity.iter().flatten().count(),
             self.pods,
             self.launched,
             self.min_instances,
+            ttc(self.first_node),
+            ttc(self.first_gpus),
             ttc(p50),
             ttc(self.max_time_to_capacity()),
             self.gpu_hours_bought,
@@ -122,7 +128,7 @@ impl Outcome {
 
     /// The table's header.
     pub fn header() -> &'static str {
-        "| scenario | autoscaler | pods running | instances launched | fewest that fit | time to capacity p50 (s) | max (s) | GPU-hours bought |\n|---|---|---|---|---|---|---|---|"
+        "| scenario | autoscaler | pods running | instances launched | fewest that fit | first node (s) | first GPUs (s) | time to capacity p50 (s) | max (s) | GPU-hours bought |\n|---|---|---|---|---|---|---|---|---|---|"
     }
 }
 
@@ -156,8 +162,19 @@ pub fn run(
     let mut running: BTreeMap<String, Duration> = BTreeMap::new();
     let mut instances: BTreeMap<String, (Duration, u32)> = BTreeMap::new();
     let mut all_at: Option<Duration> = None;
+    let (mut first_node, mut first_gpus) = (None, None);
+    let before: Vec<String> = node_names(cluster)?.into_iter().map(|(n, _)| n).collect();
     loop {
         let now = start.elapsed();
+        for (name, gpus) in node_names(cluster)? {
+            if before.contains(&name) {
+                continue;
+            }
+            first_node.get_or_insert(now);
+            if gpus {
+                first_gpus.get_or_insert(now);
+            }
+        }
         for i in autoscaler.instances()? {
             instances.entry(i.name).or_insert((now, i.gpus));
         }
@@ -202,7 +219,25 @@ pub fn run(
         time_to_capacity,
         gpu_hours_bought,
         gpu_hours_requested_while_pending,
+        first_node,
+        first_gpus,
     })
+}
+
+/// Every Node, and whether it has GPUs in allocatable.
+fn node_names(cluster: &Cluster) -> Result<Vec<(String, bool)>, BedError> {
+    let nodes = cluster.get_json(&["nodes"])?;
+    Ok(nodes["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| {
+            let gpus = n["status"]["allocatable"][GPU]
+                .as_str()
+                .is_some_and(|g| g != "0");
+            Some((n["metadata"]["name"].as_str()?.to_string(), gpus))
+        })
+        .collect())
 }
 
 #[cfg(test)]
