@@ -503,13 +503,18 @@ impl Provider {
         let list = kube
             .get_json(&[
                 &format!(
-                    "gpuopstestclusters.{INFRA_GROUP},gpuopstestcontrolplanes.controlplane.cluster.x-k8s.io,gpuopstestmachines.{INFRA_GROUP},nodes"
+                    "gpuopstestclusters.{INFRA_GROUP},gpuopstestcontrolplanes.controlplane.cluster.x-k8s.io,gpuopstestmachines.{INFRA_GROUP}"
                 ),
                 "-A",
             ])
             .map_err(|e| e.to_string())?;
+        // Only the provider's own nodes: a test bed may hold a thousand other KWOK nodes.
+        let nodes = kube
+            .get_json(&["nodes", "-l", MACHINE_LABEL])
+            .map_err(|e| e.to_string())?;
         let now = Instant::now();
-        let items = list["items"].as_array().cloned().unwrap_or_default();
+        let mut items = list["items"].as_array().cloned().unwrap_or_default();
+        items.extend(nodes["items"].as_array().cloned().unwrap_or_default());
         let mut actions = Vec::new();
         let mut machines = Vec::new();
         let mut nodes = Vec::new();
