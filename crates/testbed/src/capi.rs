@@ -101,8 +101,8 @@ pub struct ClusterApi {
     namespace: String,
     cluster_name: String,
     dir: PathBuf,
-    /// GPUs per node of each pool added, for [`Autoscaler::instances`].
-    pool_gpus: Mutex<BTreeMap<String, u32>>,
+    /// The node shape of each pool added, for [`Autoscaler::instances`] and the waits.
+    pools: Mutex<BTreeMap<String, NodeShape>>,
 }
 
 impl Cluster {
@@ -174,6 +174,17 @@ impl Cluster {
             });
         }
 
+        // readyz covers the webhook server, but only a connection proves this port is its (the
+        // port was free when picked; another test bed on the machine could have taken it since).
+        wait_until("the Cluster API webhook server", READY, || {
+            std::net::TcpStream::connect(("127.0.0.1", webhook_port)).is_ok()
+        })
+        .map_err(|_| BedError::NotReady {
+            what: format!("capi-manager's webhook server on port {webhook_port}"),
+            seconds: READY.as_secs(),
+            log: manager.log.clone(),
+            tail: manager.tail(20),
+        })?;
         register_webhooks(&kube, &bin.join("webhooks.yaml"), &certs, webhook_port)?;
 
         let provider_kube = kube.clone();
@@ -192,7 +203,7 @@ impl Cluster {
             namespace: options.namespace.clone(),
             cluster_name: options.cluster_name.clone(),
             dir,
-            pool_gpus: Mutex::new(BTreeMap::new()),
+            pools: Mutex::new(BTreeMap::new()),
         };
         capi.create_cluster(self)?;
         Ok(capi)
@@ -255,9 +266,23 @@ impl ClusterApi {
         result.map_err(|e| self.with_log(e))
     }
 
+    /// Applies `objects`; a webhook call that fails to connect (the manager's server still
+    /// coming up) is retried for up to 30 s, any other error returned at once.
     fn apply_all(&self, objects: &[Value]) -> Result<(), BedError> {
-        let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
-        self.kube.apply(&list.to_string()).map(|_| ())
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": objects}).to_string();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.kube.apply(&list) {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if e.to_string().contains("failed calling webhook")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn with_log(&self, e: BedError) -> BedError {
@@ -329,14 +354,8 @@ impl ClusterApi {
             }}),
         ];
         self.apply_all(&objects)?;
-        let gpus = pool
-            .node
-            .devices
-            .get(GPU)
-            .and_then(|g| g.parse().ok())
-            .unwrap_or(0);
-        if let Ok(mut map) = self.pool_gpus.lock() {
-            map.insert(pool.name.clone(), gpus);
+        if let Ok(mut map) = self.pools.lock() {
+            map.insert(pool.name.clone(), pool.node.clone());
         }
         Ok(())
     }
@@ -415,6 +434,50 @@ impl ClusterApi {
         Ok(last)
     }
 
+    /// Waits until `count` of the pool's Machines have a Node offering every device of the
+    /// pool's shape, without the startup taint (usable capacity), and returns those nodes.
+    pub fn wait_usable_nodes(
+        &self,
+        pool: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Vec<String>, BedError> {
+        let devices = self
+            .pools
+            .lock()
+            .ok()
+            .and_then(|m| m.get(pool).map(|s| s.devices.clone()))
+            .ok_or_else(|| BedError::Kubectl {
+                args: format!("wait_usable_nodes {pool}"),
+                message: format!("no pool {pool} was added through add_pool"),
+            })?;
+        let mut usable = Vec::new();
+        wait_until(
+            &format!("{count} usable nodes in pool {pool}"),
+            timeout,
+            || {
+                usable.clear();
+                for m in self.machines(pool).unwrap_or_default() {
+                    let Some(name) = m.node else { continue };
+                    let Ok(node) = self.kube.get_json(&["node", &name]) else {
+                        continue;
+                    };
+                    let offered = devices
+                        .iter()
+                        .all(|(k, v)| node["status"]["allocatable"][k].as_str() == Some(v));
+                    let tainted = node["spec"]["taints"].as_array().is_some_and(|ts| {
+                        ts.iter().any(|t| t["key"] == crate::infra::STARTUP_TAINT)
+                    });
+                    if offered && !tainted {
+                        usable.push(name);
+                    }
+                }
+                usable.len() >= count
+            },
+        )?;
+        Ok(usable)
+    }
+
     /// Annotates a Machine with `cluster.x-k8s.io/delete-machine`, so the next scale-down of
     /// its MachineSet removes it first.
     pub fn mark_for_deletion(&self, machine: &str) -> Result<(), BedError> {
@@ -450,7 +513,7 @@ impl Autoscaler for ClusterApi {
             "-l",
             &format!("cluster.x-k8s.io/cluster-name={}", self.cluster_name),
         ])?;
-        let pools = self.pool_gpus.lock().map(|m| m.clone()).unwrap_or_default();
+        let pools = self.pools.lock().map(|m| m.clone()).unwrap_or_default();
         Ok(list["items"]
             .as_array()
             .into_iter()
@@ -459,7 +522,11 @@ impl Autoscaler for ClusterApi {
                 let pool = m["metadata"]["labels"]["cluster.x-k8s.io/deployment-name"].as_str()?;
                 Some(Instance {
                     name: m["metadata"]["name"].as_str()?.to_string(),
-                    gpus: pools.get(pool).copied().unwrap_or(0),
+                    gpus: pools
+                        .get(pool)
+                        .and_then(|s| s.devices.get(GPU))
+                        .and_then(|g| g.parse().ok())
+                        .unwrap_or(0),
                 })
             })
             .collect())

@@ -171,6 +171,8 @@ fn a_machine_deployment_scaled_from_zero_gets_nodes_that_are_ready_before_their_
     )
     .unwrap();
     let to_gpus = t0.elapsed();
+    let usable = capi.wait_usable_nodes("h100", 2, T).unwrap();
+    assert_eq!(usable.len(), 2, "{usable:?}");
     assert_eq!(
         seen_ready_without_gpus.len(),
         2,
