@@ -158,6 +158,25 @@ fn scale_from_zero_buys_exactly_one_node_of_the_cheapest_pool_and_a_bad_pool_doe
         "{status}"
     );
     assert!(status.contains("default/broken"), "{status}");
+
+    // The work is done: the node is unneeded, and after the idle period (5 s here) it is
+    // drained and its Machine removed, down to the pool's minimum of 0.
+    cluster
+        .kubectl(&["delete", "pod", "gpu-pod-0", "--wait=false"])
+        .unwrap();
+    gpuops_testbed::wait_until(
+        "the idle node's Machine removed",
+        Duration::from_secs(120),
+        || machines_of(&capi, "cheap") == 0,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\n{}",
+            cluster
+                .kubectl(&["get", "machines.cluster.x-k8s.io,nodes", "-A"])
+                .unwrap_or_default()
+        )
+    });
 }
 
 #[test]
@@ -192,15 +211,53 @@ fn a_burst_buys_the_fewest_nodes_that_fit() {
 fn leader_failover_and_a_killed_controller_do_not_double_scale() {
     let (cluster, capi) = bed();
     capi.add_pool(&pool("h100", 8, "98.32")).unwrap();
-    let first = Controller::start(&cluster, "one", true);
-    let second = Controller::start(&cluster, "two", true);
+    let mut replicas = vec![
+        Some(Controller::start(&cluster, "one", true)),
+        Some(Controller::start(&cluster, "two", true)),
+    ];
+    let kubeconfig = cluster.kubeconfig();
+    let kubectl = move |args: &[&str]| -> String {
+        let out = std::process::Command::new(format!(
+            "{}/kubectl",
+            std::env::var("GPUOPS_K8S_BIN").unwrap()
+        ))
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(args)
+        .output()
+        .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
     let outcome = {
-        // Kill the leader (whichever it is) shortly after the scale-up: the other takes the
-        // Lease and must see the raised replicas as the node in flight.
+        // As soon as the leader has raised the replicas (the node is in flight, no GPUs yet),
+        // kill it: the other replica takes the Lease and must count the raised replica as the
+        // node in flight, not buy again.
         let killer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(4));
-            drop(first);
-            second
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            while std::time::Instant::now() < deadline {
+                let r = kubectl(&[
+                    "get",
+                    "machinedeployments.cluster.x-k8s.io",
+                    "h100",
+                    "-o",
+                    "jsonpath={.spec.replicas}",
+                ]);
+                if r == "1" {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let holder = kubectl(&[
+                "get",
+                "lease",
+                "gpuops-controller",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ]);
+            let idx = usize::from(holder == "two");
+            eprintln!("killing the leader {holder:?}");
+            replicas[idx].take();
+            replicas
         });
         let o = scenario::run(
             &cluster,
@@ -211,7 +268,7 @@ fn leader_failover_and_a_killed_controller_do_not_double_scale() {
             Duration::from_secs(15),
         )
         .unwrap();
-        let _second = killer.join().unwrap();
+        let _survivor = killer.join().unwrap();
         o
     };
     eprintln!("{}\n{}", scenario::Outcome::header(), outcome.row());
