@@ -18,10 +18,14 @@ struct Controller {
 
 impl Controller {
     fn start(cluster: &Cluster, identity: &str, lease: bool) -> Controller {
+        Controller::start_as(cluster.kubeconfig(), identity, lease)
+    }
+
+    fn start_as(kubeconfig: std::path::PathBuf, identity: &str, lease: bool) -> Controller {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let config = gpuops_controller::ControllerConfig {
             client: gpuops_kube::ClientOptions {
-                kubeconfig: Some(cluster.kubeconfig()),
+                kubeconfig: Some(kubeconfig),
                 ..gpuops_kube::ClientOptions::default()
             },
             namespace: "default".into(),
@@ -275,6 +279,127 @@ fn leader_failover_and_a_killed_controller_do_not_double_scale() {
     assert!(outcome.all_running, "{outcome:?}");
     assert_eq!(outcome.launched, 1, "{outcome:?}");
     assert_eq!(capi.instances().unwrap().len(), 1);
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn the_charts_controller_role_is_enough_for_its_own_token() {
+    let (cluster, capi) = bed();
+    capi.add_pool(&pool("h100", 8, "98.32")).unwrap();
+    // The chart's RBAC for the controller, rendered by Helm (the Deployment left out: no
+    // kubelet here would run it; the controller runs in this process with the token instead).
+    let helm = cluster.bin().join("helm");
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/helm/gpuops");
+    let out = std::process::Command::new(helm)
+        .args([
+            "template",
+            "t",
+            chart,
+            "-n",
+            "default",
+            "--set",
+            "controller.enabled=true",
+            "--show-only",
+            "templates/controller.yaml",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let objects: Vec<&str> = text
+        .split("\n---")
+        .filter(|d| !d.contains("kind: Deployment") && d.contains("kind:"))
+        .collect();
+    assert_eq!(
+        objects.len(),
+        6,
+        "SA, ClusterRole(+Binding), Role(+Binding), Service"
+    );
+    cluster.apply(&objects.join("\n---\n")).unwrap();
+    let token = cluster
+        .kubectl(&[
+            "create",
+            "token",
+            "t-gpuops-controller",
+            "-n",
+            "default",
+            "--duration=10m",
+        ])
+        .unwrap();
+    let kubeconfig = cluster.dir().join("kubeconfig-controller-sa");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: bed\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: c\n  user:\n    token: {}\ncontexts:\n- name: bed\n  context:\n    cluster: bed\n    user: c\ncurrent-context: bed\n",
+            cluster.server(),
+            token.trim()
+        ),
+    )
+    .unwrap();
+    // Least privilege: what it does not need is refused.
+    let can = |verb: &str, what: &str| {
+        let (what, sub) = what.split_once('/').unwrap_or((what, ""));
+        let sub = format!("--subresource={sub}");
+        let mut args = vec![
+            "auth",
+            "can-i",
+            verb,
+            what,
+            "--as=system:serviceaccount:default:t-gpuops-controller",
+        ];
+        if !sub.ends_with('=') {
+            args.push(&sub);
+        }
+        // `can-i` exits 1 for "no".
+        cluster.kubectl(&args).is_ok_and(|s| s.trim() == "yes")
+    };
+    assert!(can("patch", "machinedeployments.cluster.x-k8s.io/scale"));
+    assert!(can("create", "pods/eviction"));
+    assert!(!can("delete", "pods"), "evictions only");
+    assert!(
+        !can("patch", "machinedeployments.cluster.x-k8s.io"),
+        "the scale subresource only"
+    );
+    assert!(!can("get", "secrets"));
+    assert!(!can("delete", "nodes"));
+
+    // Everything the controller does, done with that token: watches, leader election, the
+    // scale-up, events, the status ConfigMap, then the idle node's cordon and Machine removal.
+    let _controller = Controller::start_as(kubeconfig, "sa", true);
+    let outcome = scenario::run(
+        &cluster,
+        &capi,
+        &Scenario::scale_from_zero(8),
+        "default",
+        Duration::from_secs(180),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert!(outcome.all_running, "{outcome:?}");
+    assert_eq!(outcome.launched, 1, "{outcome:?}");
+    let status = cluster
+        .kubectl(&[
+            "get",
+            "configmap",
+            "gpuops-autoscaler-status",
+            "-o",
+            "jsonpath={.data.status\\.json}",
+        ])
+        .unwrap();
+    assert!(status.contains("\"leader\": \"sa\""), "{status}");
+    cluster
+        .kubectl(&["delete", "pod", "gpu-pod-0", "--wait=false"])
+        .unwrap();
+    gpuops_testbed::wait_until(
+        "the idle node's Machine removed",
+        Duration::from_secs(120),
+        || machines_of(&capi, "h100") == 0,
+    )
+    .unwrap();
 }
 
 fn brute_min(pods: &[u32], cap: u32) -> usize {
