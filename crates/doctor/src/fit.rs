@@ -11,23 +11,15 @@ pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 
 /// Whether `t` tolerates `taint` (the scheduler's rule; `PreferNoSchedule` never blocks).
 pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
-    if let Some(effect) = t.effect.as_deref().filter(|e| !e.is_empty())
-        && effect != taint.effect
-    {
-        return false;
-    }
-    let key = t.key.as_deref().unwrap_or("");
-    let op = t.operator.as_deref().unwrap_or("Equal");
-    if key.is_empty() {
-        return op == "Exists";
-    }
-    if key != taint.key {
-        return false;
-    }
-    match op {
-        "Exists" => true,
-        _ => t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
-    }
+    gpuops_kubemodel::fit::tolerates_parts(
+        t.key.as_deref().unwrap_or(""),
+        t.operator.as_deref().unwrap_or(""),
+        t.value.as_deref().unwrap_or(""),
+        t.effect.as_deref().unwrap_or(""),
+        &taint.key,
+        taint.value.as_deref().unwrap_or(""),
+        &taint.effect,
+    )
 }
 
 /// The node's taints that block scheduling, with `spec.unschedulable` as its taint.
@@ -216,21 +208,11 @@ fn term_matches(
 }
 
 fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.as_deref().unwrap_or(&[]);
-    let number = |s: &str| s.parse::<i64>().ok();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" => {
-            matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(a), Some(b)) if a > b)
-        }
-        "Lt" => {
-            matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(a), Some(b)) if a < b)
-        }
-        _ => false,
-    }
+    gpuops_kubemodel::fit::requirement_matches(
+        &r.operator,
+        r.values.as_deref().unwrap_or(&[]),
+        value,
+    )
 }
 
 /// A taint as `key=value:Effect`.

@@ -56,6 +56,8 @@ enum Command {
     Cdi(cmd::cdi::Args),
     Simulate(cmd::simulate::Args),
     SchedulerExtender(cmd::extender::Args),
+    Controller(cmd::controller::Args),
+    Autoscaler(cmd::autoscaler::Args),
     Doctor(cmd::doctor::Args),
     Top(cmd::top::Args),
     Manifests(cmd::manifests::Args),
@@ -83,7 +85,10 @@ fn main() -> ExitCode {
             die_quietly_on_broken_pipe();
             "info"
         }
-        Command::Agent(_) | Command::Exporter(_) | Command::SchedulerExtender(_) => "info",
+        Command::Agent(_)
+        | Command::Exporter(_)
+        | Command::SchedulerExtender(_)
+        | Command::Controller(_) => "info",
         _ => {
             die_quietly_on_broken_pipe();
             "warn"
@@ -114,6 +119,8 @@ fn main() -> ExitCode {
         Command::Cdi(args) => cmd::cdi::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::SchedulerExtender(args) => cmd::extender::run(args),
+        Command::Controller(args) => cmd::controller::run(args),
+        Command::Autoscaler(args) => cmd::autoscaler::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Top(args) => cmd::top::run(args),
         Command::Manifests(args) => cmd::manifests::run(args),

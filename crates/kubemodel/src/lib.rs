@@ -20,12 +20,18 @@
 //!   `fragmentation-aware` policy). Time-sliced replicas isolate nothing, so this is an estimate
 //!   of where the load is, not a reservation.
 
-use gpuops_packing::{Cluster, NodeSpec, PodReq, PodSpec, TypicalPods};
+use gpuops_packing::PodReq;
+#[cfg(feature = "k8s")]
+use gpuops_packing::{Cluster, NodeSpec, PodSpec, TypicalPods};
+#[cfg(feature = "k8s")]
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
+#[cfg(feature = "k8s")]
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+#[cfg(feature = "k8s")]
 use std::collections::BTreeMap;
 
-#[cfg(any(test, feature = "testkit"))]
+pub mod fit;
+#[cfg(all(feature = "k8s", any(test, feature = "testkit")))]
 pub mod testkit;
 
 /// Nodes and pods the engine cannot model.
@@ -180,18 +186,22 @@ pub fn quantity(q: &str) -> Option<f64> {
     (v.is_finite() && v >= 0.0).then_some(v * factor)
 }
 
+#[cfg(feature = "k8s")]
 fn q_milli(q: &Quantity) -> u64 {
     quantity(&q.0).map_or(0, |v| (v * 1000.0).ceil() as u64)
 }
 
+#[cfg(feature = "k8s")]
 fn q_mib(q: &Quantity) -> u64 {
     quantity(&q.0).map_or(0, |v| (v / 1_048_576.0).ceil() as u64)
 }
 
+#[cfg(feature = "k8s")]
 fn q_count(q: &Quantity) -> u64 {
     quantity(&q.0).map_or(0, |v| v.ceil() as u64)
 }
 
+#[cfg(feature = "k8s")]
 /// Requests of one container (limits stand in for requests not given, as the API server's
 /// defaulting does for extended resources).
 fn container_requests(c: &Container) -> BTreeMap<String, Quantity> {
@@ -207,6 +217,7 @@ fn container_requests(c: &Container) -> BTreeMap<String, Quantity> {
     out
 }
 
+#[cfg(feature = "k8s")]
 /// The effective request of a pod for one resource: the larger of the containers' sum and the
 /// largest init container (Kubernetes' rule), in the unit `conv` gives.
 fn effective(pod: &Pod, name: &str, conv: fn(&Quantity) -> u64) -> u64 {
@@ -228,7 +239,33 @@ fn effective(pod: &Pod, name: &str, conv: fn(&Quantity) -> u64) -> u64 {
     sum.max(init)
 }
 
+/// Every resource the pod requests, with Kubernetes' effective-request rule (the larger of the
+/// containers' sum and the largest init container), as numbers (CPU in cores, memory in bytes).
+#[cfg(feature = "k8s")]
+pub fn requests(pod: &Pod) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    let Some(spec) = &pod.spec else {
+        return out;
+    };
+    for c in &spec.containers {
+        for (k, q) in container_requests(c) {
+            *out.entry(k).or_insert(0.0) += quantity(&q.0).unwrap_or(0.0);
+        }
+    }
+    for c in spec.init_containers.iter().flatten() {
+        for (k, q) in container_requests(c) {
+            let v = quantity(&q.0).unwrap_or(0.0);
+            let e = out.entry(k).or_insert(0.0);
+            if v > *e {
+                *e = v;
+            }
+        }
+    }
+    out
+}
+
 /// What `pod` asks for.
+#[cfg(feature = "k8s")]
 pub fn pod_ask(pod: &Pod) -> PodAsk {
     let milli = pod
         .metadata
@@ -247,6 +284,7 @@ pub fn pod_ask(pod: &Pod) -> PodAsk {
     }
 }
 
+#[cfg(feature = "k8s")]
 /// `namespace/name` of a pod, for messages.
 pub fn pod_key(pod: &Pod) -> String {
     format!(
@@ -256,6 +294,7 @@ pub fn pod_key(pod: &Pod) -> String {
     )
 }
 
+#[cfg(feature = "k8s")]
 /// The engine's view of a node.
 pub fn node_gpus(node: &Node) -> NodeGpus {
     let labels = node.metadata.labels.clone().unwrap_or_default();
@@ -308,6 +347,7 @@ pub fn node_gpus(node: &Node) -> NodeGpus {
     }
 }
 
+#[cfg(feature = "k8s")]
 fn is_active(pod: &Pod) -> bool {
     !matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
@@ -315,6 +355,7 @@ fn is_active(pod: &Pod) -> bool {
     )
 }
 
+#[cfg(feature = "k8s")]
 /// The cluster as the engine sees it, with the names and replicas behind each node index.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -327,6 +368,7 @@ pub struct Snapshot {
     pub notes: Vec<String>,
 }
 
+#[cfg(feature = "k8s")]
 impl Snapshot {
     /// Node index by name.
     pub fn position(&self, name: &str) -> Option<usize> {
@@ -334,6 +376,7 @@ impl Snapshot {
     }
 }
 
+#[cfg(feature = "k8s")]
 /// Builds the engine's cluster from nodes and pods: nodes sorted by name; pods bound to a node
 /// and not finished use its CPU, memory and GPUs; GPU pods are put on GPUs oldest first with the
 /// engine's GPU-level choice. `incoming` (the pod being scheduled) joins the typical pods, as do
@@ -460,6 +503,7 @@ pub fn snapshot(
     })
 }
 
+#[cfg(feature = "k8s")]
 fn shape(ask: &PodAsk, req: &PodReq) -> PodSpec {
     PodSpec {
         name: String::new(),
@@ -471,7 +515,7 @@ fn shape(ask: &PodAsk, req: &PodReq) -> PodSpec {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "k8s"))]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::testkit::{node, pod};

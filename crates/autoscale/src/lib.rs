@@ -1,0 +1,43 @@
+//! GPU node-pool autoscaling decisions over Cluster API pools, pure: no client, no clock.
+//!
+//! [`pool::parse_pool`] reads a MachineDeployment's annotations (Cluster Autoscaler's clusterapi
+//! ones plus `gpuops.io/*`) into a [`Pool`]; [`decide`] takes a [`Snapshot`] (pools, ready
+//! nodes, machines in flight with their stage, pending GPU pods, PDBs), the [`State`] kept
+//! between calls and the time, and returns a [`Decision`]: scale-ups, nodes to remove, machines
+//! that timed out, the plan of every pending pod and the explanations for events. The
+//! controller builds the snapshot from the API server; a trace replay builds it in simulated
+//! time. See `docs/autoscaling.md`.
+#![forbid(unsafe_code)]
+
+mod decide;
+pub mod decision;
+pub mod error;
+pub mod model;
+pub mod pool;
+mod scaledown;
+
+pub use decision::{Decision, Event, InFlight, Plan, PodPlan, Removal, ScaleUp, Target, TimedOut};
+pub use error::AutoscaleError;
+pub use model::{
+    Backoff, Config, DO_NOT_DISRUPT, Machine, Millis, Node, NodeTemplate, PODS, Pdb, PendingPod,
+    Pool, RunningPod, Snapshot, Stage, StageTimeouts, State,
+};
+
+/// One decision. Level-triggered: the same snapshot gives the same actions, and actions already
+/// taken show up in the snapshot (raised replicas as nodes in flight), so calling it again after
+/// acting never buys twice for the same need.
+pub fn decide(snapshot: &Snapshot, state: &mut State, now: Millis, config: &Config) -> Decision {
+    let mut out = Decision::default();
+    let needed = decide::scale_up(snapshot, state, now, config, &mut out);
+    scaledown::scale_down(snapshot, state, now, config, &needed, &mut out);
+    out
+}
+
+/// Why an empty node of `template` cannot run `pod` (`None`: it can), for tests and replays
+/// that need the same feasibility rule the decision uses.
+pub fn template_misfit(template: &NodeTemplate, pod: &PendingPod) -> Option<String> {
+    decide::template_misfit(template, pod)
+}
+
+#[cfg(test)]
+mod tests;
