@@ -7,4 +7,6 @@ pub enum AgentError {
     Kube(#[from] gpuops_kube::KubeError),
     #[error("device plugin config: {0}")]
     Config(String),
+    #[error("CDI: {0}")]
+    Cdi(String),
 }

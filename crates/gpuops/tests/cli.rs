@@ -429,7 +429,8 @@ fn cdi_generate_names_every_gpu_and_mig_device() {
             .collect()
     };
     let n = names(&v);
-    assert_eq!(n.len(), 16, "{n:?}");
+    assert_eq!(n.len(), 17, "{n:?}");
+    assert_eq!(n.last().map(String::as_str), Some("all"));
     assert_eq!(n.iter().filter(|n| n.starts_with("GPU-")).count(), 8);
     assert!((0..8).all(|i| n.contains(&i.to_string())), "{n:?}");
     assert_eq!(v["containerEdits"]["env"][0], "NVIDIA_VISIBLE_DEVICES=void");
@@ -467,8 +468,8 @@ fn cdi_generate_names_every_gpu_and_mig_device() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let n = names(&v);
-    // 8 GPUs with 5 MIG devices each, every one by UUID and by index.
-    assert_eq!(n.len(), 2 * (8 + 8 * 5), "{n:?}");
+    // 8 GPUs with 5 MIG devices each, every one by UUID and by index, and `all`.
+    assert_eq!(n.len(), 2 * (8 + 8 * 5) + 1, "{n:?}");
     let mig = inv["gpus"][3]["mig_devices"][4]["uuid"].as_str().unwrap();
     assert!(
         mig.starts_with("MIG-") && n.contains(&mig.to_string()),
@@ -489,6 +490,64 @@ fn cdi_generate_names_every_gpu_and_mig_device() {
             .as_str()
             .unwrap()
             .starts_with("/dev/nvidia-caps/nvidia-cap")
+    );
+    // The simulator's device nodes and placeholder driver files, at their host paths.
+    assert_eq!(nodes[0]["hostPath"], format!("{state}/dev/nvidia3"));
+    assert!(
+        std::path::Path::new(nodes[1]["hostPath"].as_str().unwrap()).exists(),
+        "{nodes:?}"
+    );
+    let mounts = v["containerEdits"]["mounts"].as_array().unwrap();
+    let driver = inv["driver_version"].as_str().unwrap();
+    let lib = format!("/usr/lib/x86_64-linux-gnu/libcuda.so.{driver}");
+    assert!(
+        mounts.iter().any(|m| m["containerPath"] == lib
+            && m["hostPath"] == format!("{state}/driver{lib}")
+            && m["options"][0] == "ro"),
+        "{mounts:?}"
+    );
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["containerPath"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "{mounts:?}"
+    );
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["containerPath"] == "/usr/bin/nvidia-smi"),
+        "{mounts:?}"
+    );
+    let top: Vec<&str> = v["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        top,
+        [
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+            "/dev/nvidia-modeset"
+        ]
+    );
+
+    // Bad input: a bad kind (a missing driver root: the probe's unit tests).
+    let o = run(&[
+        "cdi",
+        "generate",
+        "--sim-state",
+        state,
+        "--kind",
+        "nvidia.com",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("CDI kind \"nvidia.com\" is not vendor/class"),
+        "{}",
+        stderr(&o)
     );
 }
 

@@ -194,7 +194,6 @@ pub struct Hook {
     pub timeout: Option<i64>,
 }
 
-
 /// `root` + `path` for a host path; `/` or empty root: `path` itself.
 fn under(root: &str, path: &str) -> String {
     format!("{}{path}", root.trim_end_matches('/'))
@@ -371,6 +370,60 @@ pub fn spec(
 /// device names would make the runtime reject those devices as conflicting.
 pub fn spec_file_name(kind: &str) -> String {
     format!("{}.json", kind.replace('/', "-"))
+}
+
+/// The file `gpuops cdi hook update-ldcache` writes in the container, so that ldconfig (now and
+/// whenever the container runs it again) knows the driver's library directories.
+pub const LDCACHE_CONF: &str = "etc/ld.so.conf.d/00-gpuops-cdi.conf";
+
+/// The container's root filesystem, from the OCI state a runtime gives a hook on stdin (its
+/// `bundle`) and the bundle's `config.json` (`root.path`, absolute or relative to the bundle),
+/// which `read_config` reads.
+pub fn hook_rootfs(
+    state: &str,
+    read_config: impl FnOnce(&std::path::Path) -> std::io::Result<String>,
+) -> Result<std::path::PathBuf, String> {
+    #[derive(Deserialize)]
+    struct State {
+        bundle: String,
+    }
+    #[derive(Deserialize)]
+    struct Config {
+        root: Root,
+    }
+    #[derive(Deserialize)]
+    struct Root {
+        path: String,
+    }
+    let state: State = serde_json::from_str(state).map_err(|e| {
+        format!("the OCI state on stdin is not valid (want a JSON object with \"bundle\"): {e}")
+    })?;
+    let bundle = std::path::Path::new(&state.bundle);
+    if !bundle.is_absolute() {
+        return Err(format!(
+            "the OCI state's bundle {:?} is not absolute",
+            state.bundle
+        ));
+    }
+    let file = bundle.join("config.json");
+    let text = read_config(&file).map_err(|e| format!("reading {}: {e}", file.display()))?;
+    let config: Config = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: no root.path: {e}", file.display()))?;
+    Ok(bundle.join(config.root.path))
+}
+
+/// The text of [`LDCACHE_CONF`]: one absolute directory a line; anything else is refused.
+pub fn ldcache_conf(folders: &[String]) -> Result<String, String> {
+    let mut out =
+        String::from("# The NVIDIA driver's libraries, mounted by the CDI spec gpuops wrote.\n");
+    for f in folders {
+        if !f.starts_with('/') || f.contains('\n') || f.split('/').any(|c| c == "..") {
+            return Err(format!("--folder {f:?} is not an absolute directory"));
+        }
+        out.push_str(f);
+        out.push('\n');
+    }
+    Ok(out)
 }
 
 /// `^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$`.
@@ -896,10 +949,7 @@ mod tests {
             &SpecOptions::default(),
         )
         .unwrap();
-        assert_eq!(
-            s.container_edits.mounts[4].host_path,
-            "/usr/bin/nvidia-smi"
-        );
+        assert_eq!(s.container_edits.mounts[4].host_path, "/usr/bin/nvidia-smi");
     }
 
     #[test]
@@ -957,7 +1007,12 @@ mod tests {
             .devices
             .iter()
             .filter(|d| d.name != "all")
-            .flat_map(|d| d.container_edits.device_nodes.iter().map(|n| n.path.clone()))
+            .flat_map(|d| {
+                d.container_edits
+                    .device_nodes
+                    .iter()
+                    .map(|n| n.path.clone())
+            })
             .collect();
         want.sort();
         want.dedup();
@@ -1003,6 +1058,38 @@ mod tests {
             format!("{DEFAULT_SPEC_DIR}/{}", spec_file_name(CDI_KIND)),
             DEFAULT_SPEC_PATH
         );
+    }
+
+    #[test]
+    fn the_hook_finds_the_containers_root_and_refuses_bad_input() {
+        let state = r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","bundle":"/run/b/c1"}"#;
+        let root = hook_rootfs(state, |p| {
+            assert_eq!(p, std::path::Path::new("/run/b/c1/config.json"));
+            Ok(r#"{"root":{"path":"rootfs"}}"#.into())
+        })
+        .unwrap();
+        assert_eq!(root, std::path::PathBuf::from("/run/b/c1/rootfs"));
+        let root = hook_rootfs(state, |_| Ok(r#"{"root":{"path":"/var/lib/r"}}"#.into())).unwrap();
+        assert_eq!(root, std::path::PathBuf::from("/var/lib/r"));
+        let e = hook_rootfs("not json", |_| unreachable!()).unwrap_err();
+        assert!(e.contains("OCI state on stdin is not valid"), "{e}");
+        let e = hook_rootfs(r#"{"bundle":"rel"}"#, |_| unreachable!()).unwrap_err();
+        assert!(e.contains("\"rel\" is not absolute"), "{e}");
+        let e = hook_rootfs(state, |_| Err(std::io::Error::other("gone"))).unwrap_err();
+        assert!(e.contains("reading /run/b/c1/config.json: gone"), "{e}");
+        let e = hook_rootfs(state, |_| Ok("{}".into())).unwrap_err();
+        assert!(e.contains("/run/b/c1/config.json: no root.path"), "{e}");
+
+        let conf =
+            ldcache_conf(&["/usr/lib64".into(), "/usr/lib/x86_64-linux-gnu".into()]).unwrap();
+        assert!(
+            conf.ends_with("\n/usr/lib64\n/usr/lib/x86_64-linux-gnu\n"),
+            "{conf}"
+        );
+        for bad in ["lib", "/a/../etc", "/a\n/b"] {
+            let e = ldcache_conf(&[bad.into()]).unwrap_err();
+            assert!(e.contains("is not an absolute directory"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -87,6 +87,27 @@ pub struct Args {
     node: NodeFlags,
     #[command(flatten)]
     nvidia: NvidiaFlags,
+    #[command(flatten)]
+    cdi: CdiFlags,
+}
+
+/// The CDI spec the agent writes for the `cdi-annotations` / `cdi-cri` device list strategies.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "CDI spec (docs/cdi.md)")]
+pub struct CdiFlags {
+    /// Write the CDI spec (kind k8s.device-plugin.nvidia.com/gpu, file
+    /// k8s.device-plugin.nvidia.com-gpu.json) into this directory at start and whenever the
+    /// devices change; an empty value writes none [default: /var/run/cdi (with --simulate: cdi/
+    /// in the simulator state) when DEVICE_LIST_STRATEGY names cdi-annotations or cdi-cri, else
+    /// none]. The driver's files are looked for under CONTAINER_DRIVER_ROOT (default
+    /// --nvidia-driver-root) and named in the spec under --nvidia-driver-root.
+    #[arg(long, env = "GPUOPS_CDI_SPEC_DIR", value_name = "DIR")]
+    cdi_spec_dir: Option<PathBuf>,
+    /// A gpuops binary on the host (not in the agent's image: the runtime runs hooks on the
+    /// host) for the spec's ldcache hook, `gpuops cdi hook update-ldcache` [default: NVIDIA's
+    /// nvidia-cdi-hook when found under the driver root, else no hook].
+    #[arg(long, env = "GPUOPS_CDI_HOOK_PATH", value_name = "FILE")]
+    cdi_hook_path: Option<String>,
 }
 
 /// What the agent keeps on its Kubernetes Node.
@@ -205,6 +226,11 @@ pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
         snapshot_timeout: Duration::from_secs(30),
         node: NodeFlags::default(),
         nvidia: NvidiaFlags::default(),
+        // The exporter serves no device plugin: no spec for its devices.
+        cdi: CdiFlags {
+            cdi_spec_dir: Some(PathBuf::new()),
+            cdi_hook_path: None,
+        },
     })
 }
 
@@ -411,14 +437,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Some(sim) => sim.state_dir.join("device-plugins"),
             None => PathBuf::from(KUBELET_DEVICE_PLUGIN_DIR),
         });
-    // A simulated node has no device nodes to probe: it gets NVIDIA's full layout.
+    // A simulated node's device nodes are in its state directory (`gpuops sim init` makes them);
+    // one made before it did gets NVIDIA's full layout.
     let host_devices = match &simulation {
+        Some(sim) if sim.state_dir.join("dev").is_dir() => {
+            gpuops_deviceplugin::probe_host(&sim.state_dir, &sim.state_dir.join("proc"))
+        }
         Some(_) => gpuops_resources::HostDevices::default(),
         None => gpuops_deviceplugin::probe_host(
             std::path::Path::new(config.nvidia_dev_root()),
             std::path::Path::new("/proc"),
         ),
     };
+    let cdi = cdi_config(&args.cdi, &config, simulation.as_ref())?;
+    match &cdi {
+        Some(c) => println!("  CDI spec       {}", c.path.display()),
+        None => println!("  CDI spec       not written (--cdi-spec-dir)"),
+    }
     let published = gpuops_agent::publish(
         &first,
         &config,
@@ -481,6 +516,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         kube,
         nvml_libraries: libraries,
         sysfs_root: args.gpus.sysfs_root.clone(),
+        cdi,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -495,6 +531,61 @@ pub fn run(args: Args) -> Result<ExitCode> {
     // Keep the temporary simulator state until the agent stopped.
     drop(simulation);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where and how the agent writes its CDI spec, as the flags and the device plugin config say.
+fn cdi_config(
+    flags: &CdiFlags,
+    config: &gpuops_resources::Config,
+    simulation: Option<&gpu_source::Simulation>,
+) -> Result<Option<gpuops_agent::CdiConfig>> {
+    use gpuops_resources::cdi::{DEFAULT_SPEC_DIR, SpecOptions, spec_file_name};
+    let dir = match &flags.cdi_spec_dir {
+        Some(d) if d.as_os_str().is_empty() => return Ok(None),
+        Some(d) => d.clone(),
+        None if !config.device_list_strategies().any_cdi() => return Ok(None),
+        None => match simulation {
+            Some(sim) => sim.state_dir.join("cdi"),
+            None => PathBuf::from(DEFAULT_SPEC_DIR),
+        },
+    };
+    // A simulated node's driver files and device nodes are in its state directory, which the
+    // runtime must see at the same path (docs/cdi.md).
+    let (probe_root, options) = match simulation {
+        Some(sim) => {
+            let root = sim.state_dir.join(gpuops_sim::devnodes::DRIVER_ROOT);
+            let options = SpecOptions {
+                dev_root: sim.state_dir.display().to_string(),
+                driver_root: root.display().to_string(),
+                gpuops_hook: flags.cdi_hook_path.clone(),
+                ..SpecOptions::default()
+            };
+            (root, options)
+        }
+        None => {
+            let host_root = config.nvidia_driver_root().to_string();
+            let probe_root = config
+                .flags
+                .plugin
+                .container_driver_root
+                .clone()
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| host_root.clone());
+            let options = SpecOptions {
+                dev_root: config.nvidia_dev_root().to_string(),
+                driver_root: host_root,
+                gpuops_hook: flags.cdi_hook_path.clone(),
+                ..SpecOptions::default()
+            };
+            (PathBuf::from(probe_root), options)
+        }
+    };
+    let path = dir.join(spec_file_name(&options.kind));
+    Ok(Some(gpuops_agent::CdiConfig {
+        path,
+        probe_root,
+        options,
+    }))
 }
 
 /// The agent's Kubernetes side, as the flags configure it.

@@ -181,6 +181,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let f = Fleet::resolve(&fleet)?;
             let s = SimState::from_fleet(&f, now_ms())?;
             Store::create(&state.state, &s)?;
+            let nodes = gpuops_sim::devnodes::create(&state.state, &s)?;
             println!(
                 "simulated node {} with {} GPUs ({}) in {}\nuse it with: GPUOPS_NVML_SIM_STATE={} gpuops agent, or --sim-state {}",
                 s.hostname,
@@ -190,6 +191,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 state.state.display(),
                 state.state.display()
             );
+            if nodes == gpuops_sim::devnodes::NodeKind::RegularFiles {
+                println!(
+                    "device nodes under {}/dev are regular files (mknod not permitted): CDI runtimes will not inject them",
+                    state.state.display()
+                );
+            }
         }
         Action::Fleets => {
             let mut t = table(&["FLEET", "GPUS"]);
