@@ -125,7 +125,15 @@ pub fn create(state_dir: &Path, state: &SimState) -> Result<NodeKind, SimError> 
                 rustix::fs::Mode::from_raw_mode(0o666),
                 rustix::fs::makedev(major, minor),
             ) {
-                Ok(()) => continue,
+                // As the driver makes them (the umask took some bits away).
+                Ok(()) => {
+                    std::fs::set_permissions(
+                        &path,
+                        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+                    )
+                    .map_err(io("chmod", &path))?;
+                    continue;
+                }
                 Err(rustix::io::Errno::PERM) => kind = NodeKind::RegularFiles,
                 Err(e) => return Err(io("mknod", &path)(e.into())),
             }

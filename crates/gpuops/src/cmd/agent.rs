@@ -102,7 +102,7 @@ pub struct CdiFlags {
     /// none]. The driver's files are looked for under CONTAINER_DRIVER_ROOT (default
     /// --nvidia-driver-root) and named in the spec under --nvidia-driver-root.
     #[arg(long, env = "GPUOPS_CDI_SPEC_DIR", value_name = "DIR")]
-    cdi_spec_dir: Option<PathBuf>,
+    cdi_spec_dir: Option<String>,
     /// A gpuops binary on the host (not in the agent's image: the runtime runs hooks on the
     /// host) for the spec's ldcache hook, `gpuops cdi hook update-ldcache` [default: NVIDIA's
     /// nvidia-cdi-hook when found under the driver root, else no hook].
@@ -228,7 +228,7 @@ pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
         nvidia: NvidiaFlags::default(),
         // The exporter serves no device plugin: no spec for its devices.
         cdi: CdiFlags {
-            cdi_spec_dir: Some(PathBuf::new()),
+            cdi_spec_dir: Some(String::new()),
             cdi_hook_path: None,
         },
     })
@@ -541,8 +541,8 @@ fn cdi_config(
 ) -> Result<Option<gpuops_agent::CdiConfig>> {
     use gpuops_resources::cdi::{DEFAULT_SPEC_DIR, SpecOptions, spec_file_name};
     let dir = match &flags.cdi_spec_dir {
-        Some(d) if d.as_os_str().is_empty() => return Ok(None),
-        Some(d) => d.clone(),
+        Some(d) if d.is_empty() => return Ok(None),
+        Some(d) => PathBuf::from(d),
         None if !config.device_list_strategies().any_cdi() => return Ok(None),
         None => match simulation {
             Some(sim) => sim.state_dir.join("cdi"),
