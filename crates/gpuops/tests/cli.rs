@@ -911,3 +911,85 @@ fn the_shipped_binary_has_no_test_only_knobs() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+#[test]
+fn cdi_hook_update_ldcache_writes_the_folders_and_runs_ldconfig_on_the_containers_root() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs/etc")).unwrap();
+    std::fs::write(bundle.join("config.json"), r#"{"root":{"path":"rootfs"}}"#).unwrap();
+    // Stands in for ldconfig: records how it was run.
+    let fake = dir.path().join("ldconfig");
+    let record = dir.path().join("args");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\necho \"$@\" > {}\n", record.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let hook = |state: &str, folder: &str| {
+        let mut child = gpuops()
+            .args([
+                "cdi",
+                "hook",
+                "update-ldcache",
+                "--folder",
+                folder,
+                "--ldconfig",
+            ])
+            .arg(&fake)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(state.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let state = format!(
+        r#"{{"ociVersion":"1.0.2","id":"c","bundle":"{}"}}"#,
+        bundle.display()
+    );
+    let o = hook(&state, "/usr/lib64");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let conf =
+        std::fs::read_to_string(bundle.join("rootfs/etc/ld.so.conf.d/00-gpuops-cdi.conf")).unwrap();
+    assert!(conf.ends_with("\n/usr/lib64\n"), "{conf}");
+    let args = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(
+        args.trim(),
+        format!("-r {}", bundle.join("rootfs").display())
+    );
+    // Bad input is refused, naming what is wrong.
+    let o = hook("garbage", "/usr/lib64");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("OCI state on stdin is not valid"),
+        "{}",
+        stderr(&o)
+    );
+    // A link in the image that would lead the hook out of the container's root.
+    std::fs::remove_dir_all(bundle.join("rootfs/etc")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("host-etc"), bundle.join("rootfs/etc")).unwrap();
+    let o = hook(&state, "/usr/lib64");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("rootfs/etc is a symlink"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.path().join("host-etc").exists());
+    let o = hook(&state, "relative/dir");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("\"relative/dir\" is not an absolute directory"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -111,6 +111,21 @@ fn update_ldcache(folders: &[String], ldconfig: &Path) -> Result<ExitCode> {
     let root =
         cdi::hook_rootfs(&state, |p| std::fs::read_to_string(p)).map_err(anyhow::Error::msg)?;
     let conf = cdi::ldcache_conf(folders).map_err(anyhow::Error::msg)?;
+    // The hook runs as root before the container's root is pivoted to: a link in the image
+    // (etc -> /etc) would make it write on the host.
+    let mut at = root.clone();
+    for part in Path::new(cdi::LDCACHE_CONF).iter() {
+        at.push(part);
+        if at
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            anyhow::bail!(
+                "{} is a symlink in the container's image; not writing through it",
+                at.display()
+            );
+        }
+    }
     let file = root.join(cdi::LDCACHE_CONF);
     gpuops_atomicfile::write(&file, conf)?;
     let status = std::process::Command::new(ldconfig)
