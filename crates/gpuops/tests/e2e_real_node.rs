@@ -1137,7 +1137,7 @@ fn cdi_pods_get_exactly_their_devices_and_driver_files_and_others_none() {
         let lib = "/usr/lib/x86_64-linux-gnu";
         for m in [
             format!("{lib}/libcuda.so.1 ro"),
-            format!("/usr/bin/nvidia-smi ro"),
+            "/usr/bin/nvidia-smi ro".to_string(),
         ] {
             assert!(mounts.contains(&m), "{pod}: {m} not in {mounts:?}");
         }
