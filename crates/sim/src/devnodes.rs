@@ -70,8 +70,11 @@ pub fn mig_minors(gpu_minors: &[u32]) -> String {
     out
 }
 
-/// Every device node a node with these GPU minors has: (path under `dev/`, major, minor).
-pub fn nodes(gpu_minors: &[u32]) -> Vec<(String, u32, u32)> {
+/// The device nodes of a node with these GPU minors, and the capability nodes of the MIG devices
+/// `(gpu minor, GI id, CI id)` that exist: (path under `dev/`, major, minor). The driver's
+/// helper makes capability nodes on demand, and so does the simulator (each `mknod` costs up to
+/// a millisecond here: all 135 per GPU up front would slow every `sim init`).
+pub fn nodes(gpu_minors: &[u32], mig: &[(u32, u32, u32)]) -> Vec<(String, u32, u32)> {
     let mut out = vec![
         ("nvidiactl".to_string(), NVIDIA_MAJOR, 255),
         ("nvidia-modeset".to_string(), NVIDIA_MAJOR, 254),
@@ -82,14 +85,27 @@ pub fn nodes(gpu_minors: &[u32]) -> Vec<(String, u32, u32)> {
     ];
     for &m in gpu_minors {
         out.push((format!("nvidia{m}"), NVIDIA_MAJOR, m));
-        for gi in 0..GI_IDS {
-            for ci in std::iter::once(None).chain((0..CI_IDS).map(Some)) {
-                let minor = cap_minor(m, gi, ci);
-                out.push((format!("nvidia-caps/nvidia-cap{minor}"), CAPS_MAJOR, minor));
-            }
+    }
+    for &(m, gi, ci) in mig {
+        for minor in [cap_minor(m, gi, None), cap_minor(m, gi, Some(ci))] {
+            out.push((format!("nvidia-caps/nvidia-cap{minor}"), CAPS_MAJOR, minor));
         }
     }
     out
+}
+
+/// `(gpu minor, GI id, CI id)` of every MIG device of `state`.
+fn mig_devices(state: &SimState) -> Vec<(u32, u32, u32)> {
+    state
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.mig_devices()
+                .into_iter()
+                .map(|(gi, ci)| (g.minor_number, gi.id, ci.id))
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SimError {
@@ -111,8 +127,32 @@ pub fn create(state_dir: &Path, state: &SimState) -> Result<NodeKind, SimError> 
     let minors: Vec<u32> = state.gpus.iter().map(|g| g.minor_number).collect();
     let dev = state_dir.join("dev");
     mkdir(&dev.join("nvidia-caps"))?;
+    let kind = make_nodes(&dev, &nodes(&minors, &mig_devices(state)))?;
+    let caps = state_dir.join("proc/driver/nvidia-caps");
+    mkdir(&caps)?;
+    let file = caps.join("mig-minors");
+    std::fs::write(&file, mig_minors(&minors)).map_err(io("writing", &file))?;
+    write_driver_files(&state_dir.join(DRIVER_ROOT), &state.driver_version)?;
+    Ok(kind)
+}
+
+/// Makes the capability nodes of `state`'s MIG devices that do not exist yet, when the state
+/// directory has device nodes at all (`gpuops sim init` made them): called after every change of
+/// the simulated driver, so a new MIG device has its nodes before anyone reads the new state.
+pub fn refresh(state_dir: &Path, state: &SimState) -> Result<(), SimError> {
+    let dev = state_dir.join("dev");
+    if !dev.join("nvidia-caps").is_dir() {
+        return Ok(());
+    }
+    let minors: Vec<u32> = state.gpus.iter().map(|g| g.minor_number).collect();
+    make_nodes(&dev, &nodes(&minors, &mig_devices(state)))?;
+    Ok(())
+}
+
+fn make_nodes(dev: &Path, nodes: &[(String, u32, u32)]) -> Result<NodeKind, SimError> {
     let mut kind = NodeKind::CharDevices;
-    for (name, major, minor) in nodes(&minors) {
+    for (name, major, minor) in nodes {
+        let (major, minor) = (*major, *minor);
         let path = dev.join(&name);
         if path.symlink_metadata().is_ok() {
             continue;
@@ -140,11 +180,6 @@ pub fn create(state_dir: &Path, state: &SimState) -> Result<NodeKind, SimError> 
         }
         std::fs::write(&path, "").map_err(io("writing", &path))?;
     }
-    let caps = state_dir.join("proc/driver/nvidia-caps");
-    mkdir(&caps)?;
-    let file = caps.join("mig-minors");
-    std::fs::write(&file, mig_minors(&minors)).map_err(io("writing", &file))?;
-    write_driver_files(&state_dir.join(DRIVER_ROOT), &state.driver_version)?;
     Ok(kind)
 }
 
@@ -200,16 +235,13 @@ mod tests {
         );
         assert!(text.contains("gpu1/gi2/ci0/access 157\n"), "{text}");
         assert_eq!(text.lines().count(), 2 + 2 * 15 * 9);
-        // Every minor once.
-        let all = nodes(&[0, 1]);
-        let mut caps: Vec<u32> = all
+        // The MIG devices' nodes only: config, monitor, then GI and CI of each.
+        let caps: Vec<u32> = nodes(&[0, 1], &[(1, 2, 0)])
             .iter()
             .filter(|(_, major, _)| *major == CAPS_MAJOR)
             .map(|(_, _, m)| *m)
             .collect();
-        caps.sort_unstable();
-        caps.dedup();
-        assert_eq!(caps.len(), 2 + 2 * 15 * 9);
+        assert_eq!(caps, vec![1, 2, 156, 157]);
     }
 
     #[test]
@@ -225,7 +257,7 @@ mod tests {
             "nvidia-modeset",
             "nvidia0",
             "nvidia3",
-            "nvidia-caps/nvidia-cap4",
+            "nvidia-caps/nvidia-cap1",
         ] {
             let meta = dev.join(name).symlink_metadata().unwrap();
             match kind {
@@ -251,6 +283,40 @@ mod tests {
                 .is_file()
         );
         assert_eq!(create(dir.path(), &state).unwrap(), kind);
+    }
+
+    #[test]
+    fn a_new_mig_device_gets_its_capability_nodes_with_the_state_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = SimState::from_fleet(&Fleet::resolve("dgx-h100").unwrap(), 0).unwrap();
+        let store = crate::Store::create(dir.path(), &state).unwrap();
+        create(dir.path(), &state).unwrap();
+        let caps = dir.path().join("dev/nvidia-caps");
+        let count = || std::fs::read_dir(&caps).unwrap().count();
+        assert_eq!(count(), 2, "config and monitor only, no MIG device yet");
+        let gi = store
+            .update(|s| -> Result<u32, crate::NvmlCode> {
+                let g = &mut s.gpus[1];
+                g.set_mig_mode(true)?;
+                let gi = g.create_gi(19, None)?;
+                g.create_ci(gi, 0, None, "MIG-x".into())?;
+                Ok(gi)
+            })
+            .unwrap()
+            .unwrap();
+        let minor = state.gpus[1].minor_number;
+        for m in [cap_minor(minor, gi, None), cap_minor(minor, gi, Some(0))] {
+            assert!(caps.join(format!("nvidia-cap{m}")).exists(), "cap {m}");
+        }
+        assert_eq!(count(), 4);
+        // A state directory without device nodes gets none.
+        let bare = tempfile::tempdir().unwrap();
+        let store = crate::Store::create(bare.path(), &state).unwrap();
+        store
+            .update(|s| s.gpus[0].set_mig_mode(true).map(|_| ()))
+            .unwrap()
+            .unwrap();
+        assert!(!bare.path().join("dev").exists());
     }
 
     #[test]
