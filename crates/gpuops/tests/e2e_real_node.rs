@@ -1210,3 +1210,94 @@ spec:
     assert_ne!(first, second, "the second pod gets another GPU");
     assert_eq!(cri_mounts, annotation_mounts);
 }
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn after_a_mig_change_the_cdi_spec_names_the_mig_devices_and_a_mig_pod_gets_its_nodes() {
+    let bed = Bed::start("dgx-h100");
+    let sim = bed.sim_state.display().to_string();
+    let mounts = format!(
+        r#"[{{"name":"sim","mountPath":"{sim}"}},{{"name":"bed-kubeconfig","mountPath":"/bed","readOnly":true}}]"#
+    );
+    bed.install(&[
+        "--set",
+        "migStrategy=mixed",
+        "--set",
+        "cdi.enabled=true",
+        "--set",
+        "deviceListStrategy=cdi-cri",
+        "--set-json",
+        &format!(r#"extraArgs=["--sim-state={sim}"]"#),
+        "--set-json",
+        &format!("extraVolumeMounts={mounts}"),
+    ]);
+    bed.wait("8 nvidia.com/gpu allocatable", 120, || {
+        bed.allocatable("nvidia.com/gpu").as_deref() == Some("8")
+    });
+    let spec_file = bed
+        .node
+        .cdi_spec_dir()
+        .join("k8s.device-plugin.nvidia.com-gpu.json");
+    let names = || -> Vec<String> {
+        std::fs::read_to_string(&spec_file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| {
+                v["devices"].as_array().map(|a| {
+                    a.iter()
+                        .filter_map(|d| d["name"].as_str().map(str::to_string))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    };
+    bed.wait("the spec with 8 GPUs", 60, || names().len() == 2 * 8 + 1);
+
+    let t0 = Instant::now();
+    bed.cluster
+        .kubectl(&[
+            "label",
+            "nodes",
+            &bed.node.name,
+            "nvidia.com/mig.config=all-1g.10gb",
+            "--overwrite",
+        ])
+        .unwrap();
+    bed.wait("56 nvidia.com/mig-1g.10gb allocatable", 180, || {
+        bed.allocatable("nvidia.com/mig-1g.10gb").as_deref() == Some("56")
+    });
+    // The agent rewrote its spec: 8 GPUs and 56 MIG devices, each by UUID and index, and `all`.
+    bed.wait("the spec with the MIG devices", 60, || {
+        names().len() == 2 * (8 + 56) + 1
+    });
+    figure(
+        "mig.config label -> CDI spec with 56 MIG devices (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    let n = names();
+    assert!(
+        n.iter().any(|x| x.starts_with("MIG-")) && n.contains(&"7:6".to_string()),
+        "{n:?}"
+    );
+
+    bed.cluster
+        .apply(&bed.workload("mig-cdi", "nvidia.com/mig-1g.10gb"))
+        .unwrap();
+    bed.wait("mig-cdi Running", 120, || {
+        bed.pod_phase("mig-cdi") == "Running"
+    });
+    let (nodes, _) = nvidia_view(&bed, "mig-cdi");
+    let gpus: Vec<&String> = nodes
+        .iter()
+        .filter(|x| x.trim_start_matches("nvidia").parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(gpus.len(), 1, "the MIG device's parent only: {nodes:?}");
+    // The GI and CI capability nodes the simulated driver made for the new MIG device.
+    let caps = bed.exec("mig-cdi", &["ls", "-l", "/dev/nvidia-caps"]);
+    let cap_lines: Vec<&str> = caps.lines().filter(|l| l.contains("nvidia-cap")).collect();
+    assert_eq!(cap_lines.len(), 2, "its GI and CI access nodes: {caps}");
+    assert!(
+        cap_lines.iter().all(|l| l.starts_with('c')),
+        "character devices: {caps}"
+    );
+}
