@@ -153,7 +153,7 @@ fn make_nodes(dev: &Path, nodes: &[(String, u32, u32)]) -> Result<NodeKind, SimE
     let mut kind = NodeKind::CharDevices;
     for (name, major, minor) in nodes {
         let (major, minor) = (*major, *minor);
-        let path = dev.join(&name);
+        let path = dev.join(name);
         if path.symlink_metadata().is_ok() {
             continue;
         }
