@@ -439,6 +439,8 @@ fn cdi_generate_names_every_gpu_and_mig_device() {
     let state = dir.path().to_str().unwrap();
     let o = run(&["sim", "init", "--fleet", "dgx-h100", "--state", state]);
     assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["sim", "dev-nodes", "--state", state]);
+    assert!(o.status.success(), "{}", stderr(&o));
     let o = run(&[
         "mig",
         "apply",

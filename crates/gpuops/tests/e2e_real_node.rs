@@ -1059,6 +1059,14 @@ fn nvidia_view(bed: &Bed, pod: &str) -> (Vec<String>, Vec<String>) {
 #[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
 fn cdi_pods_get_exactly_their_devices_and_driver_files_and_others_none() {
     let bed = Bed::start("l4x4");
+    // The simulated driver's device nodes and driver files, for the CDI spec.
+    let out = common::run(&[
+        "sim",
+        "dev-nodes",
+        "--state",
+        bed.sim_state.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
     // The spec names the simulator's nodes and files at their host paths: the pod sees the
     // state at the same path.
     let sim = bed.sim_state.display().to_string();
@@ -1215,6 +1223,14 @@ spec:
 #[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
 fn after_a_mig_change_the_cdi_spec_names_the_mig_devices_and_a_mig_pod_gets_its_nodes() {
     let bed = Bed::start("dgx-h100");
+    // The simulated driver's device nodes and driver files, for the CDI spec.
+    let out = common::run(&[
+        "sim",
+        "dev-nodes",
+        "--state",
+        bed.sim_state.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
     let sim = bed.sim_state.display().to_string();
     let mounts = format!(
         r#"[{{"name":"sim","mountPath":"{sim}"}},{{"name":"bed-kubeconfig","mountPath":"/bed","readOnly":true}}]"#

@@ -153,8 +153,6 @@ fn create_simulation(fleet_name: &str, dir: Option<&Path>) -> Result<Simulation>
         }
     };
     Store::create(&state_dir, &state)?;
-    // Device nodes and driver files for the host probe and the CDI spec.
-    gpuops_sim::devnodes::create(&state_dir, &state)?;
     Ok(Simulation {
         fleet: Some(fleet_name.to_string()),
         state_dir,

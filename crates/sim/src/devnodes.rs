@@ -137,7 +137,7 @@ pub fn create(state_dir: &Path, state: &SimState) -> Result<NodeKind, SimError> 
 }
 
 /// Makes the capability nodes of `state`'s MIG devices that do not exist yet, when the state
-/// directory has device nodes at all (`gpuops sim init` made them): called after every change of
+/// directory has device nodes at all (`gpuops sim dev-nodes` made them): called after every change of
 /// the simulated driver, so a new MIG device has its nodes before anyone reads the new state.
 pub fn refresh(state_dir: &Path, state: &SimState) -> Result<(), SimError> {
     let dev = state_dir.join("dev");

@@ -553,9 +553,17 @@ fn cdi_config(
     // runtime must see at the same path (docs/cdi.md).
     let (probe_root, options) = match simulation {
         Some(sim) => {
-            let root = sim.state_dir.join(gpuops_sim::devnodes::DRIVER_ROOT);
+            // Without `gpuops sim dev-nodes` there is nothing there: the usual paths, no files.
+            let mut root = sim.state_dir.join(gpuops_sim::devnodes::DRIVER_ROOT);
+            if !root.is_dir() {
+                root = sim.state_dir.clone();
+            }
+            let dev_root = match sim.state_dir.join("dev").is_dir() {
+                true => sim.state_dir.display().to_string(),
+                false => "/".to_string(),
+            };
             let options = SpecOptions {
-                dev_root: sim.state_dir.display().to_string(),
+                dev_root,
                 driver_root: root.display().to_string(),
                 gpuops_hook: flags.cdi_hook_path.clone(),
                 ..SpecOptions::default()

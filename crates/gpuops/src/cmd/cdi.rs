@@ -142,12 +142,14 @@ fn update_ldcache(folders: &[String], ldconfig: &Path) -> Result<ExitCode> {
 fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let opened = gpu_source::open(&args.gpus)?;
     let inventory = opened.gpus.snapshot()?;
-    // A simulated node's device nodes and driver files are in its state directory; a temporary
-    // one is gone when this exits, so its spec names the usual paths.
+    // A simulated node's device nodes and driver files are in its state directory (`gpuops sim
+    // dev-nodes`); without them, or in a temporary one (gone when this exits), the spec names the
+    // usual paths.
     let sim = opened
         .simulation
         .as_ref()
-        .filter(|_| args.gpus.sim_state.is_some());
+        .filter(|_| args.gpus.sim_state.is_some())
+        .filter(|s| s.state_dir.join("dev").is_dir());
     let (dev_root, driver_root) = match sim {
         Some(sim) => (
             sim.state_dir.display().to_string(),
