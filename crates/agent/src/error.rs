@@ -10,4 +10,6 @@ pub enum AgentError {
     /// A setting that cannot work, named by its flag.
     #[error("{0}")]
     Invalid(String),
+    #[error("CDI: {0}")]
+    Cdi(String),
 }

@@ -13,6 +13,7 @@
 //! compares what it wants with the Node it observes (watched, and as returned by every write), so
 //! whatever someone else removes, or a failed write left behind, is repaired at the next pass.
 
+mod cdi;
 mod changes;
 mod config_warnings;
 mod error;
@@ -28,6 +29,7 @@ mod startup;
 mod state;
 mod xid;
 
+pub use cdi::{CdiConfig, probe_driver};
 pub use changes::{Change, changes};
 pub use error::AgentError;
 pub use exporter::Served;
@@ -75,6 +77,8 @@ pub struct AgentConfig {
     pub nvml_libraries: Vec<gpuops_nvml::Library>,
     /// The host's sysfs, for GPUs opened later.
     pub sysfs_root: PathBuf,
+    /// Where and how the agent writes its CDI spec; `None`: it writes none.
+    pub cdi: Option<CdiConfig>,
 }
 
 /// The exporter.
@@ -182,6 +186,11 @@ impl Agent {
             drop(node_tx);
         }
 
+        if let Some(c) = config.cdi {
+            let host = Arc::new(config.host_devices.clone());
+            let task = cdi::spawn(c, host, state_rx.clone(), stop_rx.clone())?;
+            tasks.push(("CDI spec", task));
+        }
         let (config_rx, published_rx, feed_task) = feed::spawn(
             config.config,
             config.host_devices,

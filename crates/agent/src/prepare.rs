@@ -264,11 +264,91 @@ pub fn open_gpus(
 
 /// The host's device nodes for Allocate's device specs. A simulated node has none to probe: it
 /// gets NVIDIA's full layout.
-pub fn host_devices(simulated: bool, config: &Config) -> gpuops_resources::HostDevices {
-    if simulated {
-        return gpuops_resources::HostDevices::default();
+pub fn host_devices(sim_state: Option<&Path>, config: &Config) -> gpuops_resources::HostDevices {
+    match sim_state {
+        // A simulated node's device nodes are in its state directory (`gpuops sim dev-nodes`
+        // makes them); without them Allocate presumes NVIDIA's full layout.
+        Some(state) if state.join("dev").is_dir() => {
+            gpuops_deviceplugin::probe_host(state, &state.join("proc"))
+        }
+        Some(_) => gpuops_resources::HostDevices::default(),
+        None => gpuops_deviceplugin::probe_host(
+            Path::new(config.nvidia_dev_root()),
+            Path::new("/proc"),
+        ),
     }
-    gpuops_deviceplugin::probe_host(Path::new(config.nvidia_dev_root()), Path::new("/proc"))
+}
+
+/// A simulated node, as the CDI spec sees it: its state directory and the driver root that
+/// `gpuops sim dev-nodes` fills in it.
+pub struct SimulatedRoots<'a> {
+    pub state_dir: &'a Path,
+    pub driver_root: PathBuf,
+}
+
+/// Where and how the agent writes its CDI spec, as `--cdi-spec-dir`, `--cdi-hook-path` and the
+/// device plugin config say; `None`: no spec.
+pub fn cdi_config(
+    spec_dir: Option<&str>,
+    hook_path: Option<String>,
+    config: &Config,
+    simulation: Option<SimulatedRoots<'_>>,
+) -> Option<crate::CdiConfig> {
+    use gpuops_resources::cdi::{DEFAULT_SPEC_DIR, SpecOptions, spec_file_name};
+    let dir = match spec_dir {
+        Some("") => return None,
+        Some(d) => PathBuf::from(d),
+        None if !config.device_list_strategies().any_cdi() => return None,
+        None => match &simulation {
+            Some(sim) => sim.state_dir.join("cdi"),
+            None => PathBuf::from(DEFAULT_SPEC_DIR),
+        },
+    };
+    // A simulated node's driver files and device nodes are in its state directory, which the
+    // runtime must see at the same path (docs/cdi.md).
+    let (probe_root, options) = match simulation {
+        Some(sim) => {
+            // Without `gpuops sim dev-nodes` there is nothing there: the usual paths, no files.
+            let root = match sim.driver_root.is_dir() {
+                true => sim.driver_root,
+                false => sim.state_dir.to_path_buf(),
+            };
+            let dev_root = match sim.state_dir.join("dev").is_dir() {
+                true => sim.state_dir.display().to_string(),
+                false => "/".to_string(),
+            };
+            let options = SpecOptions {
+                dev_root,
+                driver_root: root.display().to_string(),
+                gpuops_hook: hook_path,
+                ..SpecOptions::default()
+            };
+            (root, options)
+        }
+        None => {
+            let host_root = config.nvidia_driver_root().to_string();
+            let probe_root = config
+                .flags
+                .plugin
+                .container_driver_root
+                .clone()
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| host_root.clone());
+            let options = SpecOptions {
+                dev_root: config.nvidia_dev_root().to_string(),
+                driver_root: host_root,
+                gpuops_hook: hook_path,
+                ..SpecOptions::default()
+            };
+            (PathBuf::from(probe_root), options)
+        }
+    };
+    let path = dir.join(spec_file_name(&options.kind));
+    Some(crate::CdiConfig {
+        path,
+        probe_root,
+        options,
+    })
 }
 
 /// NVIDIA's DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS, and the quiet period after which

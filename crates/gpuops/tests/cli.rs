@@ -429,7 +429,8 @@ fn cdi_generate_names_every_gpu_and_mig_device() {
             .collect()
     };
     let n = names(&v);
-    assert_eq!(n.len(), 16, "{n:?}");
+    assert_eq!(n.len(), 17, "{n:?}");
+    assert_eq!(n.last().map(String::as_str), Some("all"));
     assert_eq!(n.iter().filter(|n| n.starts_with("GPU-")).count(), 8);
     assert!((0..8).all(|i| n.contains(&i.to_string())), "{n:?}");
     assert_eq!(v["containerEdits"]["env"][0], "NVIDIA_VISIBLE_DEVICES=void");
@@ -437,6 +438,8 @@ fn cdi_generate_names_every_gpu_and_mig_device() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().to_str().unwrap();
     let o = run(&["sim", "init", "--fleet", "dgx-h100", "--state", state]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["sim", "dev-nodes", "--state", state]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = run(&[
         "mig",
@@ -467,8 +470,8 @@ fn cdi_generate_names_every_gpu_and_mig_device() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let n = names(&v);
-    // 8 GPUs with 5 MIG devices each, every one by UUID and by index.
-    assert_eq!(n.len(), 2 * (8 + 8 * 5), "{n:?}");
+    // 8 GPUs with 5 MIG devices each, every one by UUID and by index, and `all`.
+    assert_eq!(n.len(), 2 * (8 + 8 * 5) + 1, "{n:?}");
     let mig = inv["gpus"][3]["mig_devices"][4]["uuid"].as_str().unwrap();
     assert!(
         mig.starts_with("MIG-") && n.contains(&mig.to_string()),
@@ -489,6 +492,64 @@ fn cdi_generate_names_every_gpu_and_mig_device() {
             .as_str()
             .unwrap()
             .starts_with("/dev/nvidia-caps/nvidia-cap")
+    );
+    // The simulator's device nodes and placeholder driver files, at their host paths.
+    assert_eq!(nodes[0]["hostPath"], format!("{state}/dev/nvidia3"));
+    assert!(
+        std::path::Path::new(nodes[1]["hostPath"].as_str().unwrap()).exists(),
+        "{nodes:?}"
+    );
+    let mounts = v["containerEdits"]["mounts"].as_array().unwrap();
+    let driver = inv["driver_version"].as_str().unwrap();
+    let lib = format!("/usr/lib/x86_64-linux-gnu/libcuda.so.{driver}");
+    assert!(
+        mounts.iter().any(|m| m["containerPath"] == lib
+            && m["hostPath"] == format!("{state}/driver{lib}")
+            && m["options"][0] == "ro"),
+        "{mounts:?}"
+    );
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["containerPath"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "{mounts:?}"
+    );
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["containerPath"] == "/usr/bin/nvidia-smi"),
+        "{mounts:?}"
+    );
+    let top: Vec<&str> = v["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        top,
+        [
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+            "/dev/nvidia-modeset"
+        ]
+    );
+
+    // Bad input: a bad kind (a missing driver root: the probe's unit tests).
+    let o = run(&[
+        "cdi",
+        "generate",
+        "--sim-state",
+        state,
+        "--kind",
+        "nvidia.com",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("CDI kind \"nvidia.com\" is not vendor/class"),
+        "{}",
+        stderr(&o)
     );
 }
 
@@ -894,4 +955,84 @@ fn output_into_a_closed_pipe_ends_quietly() {
 /// SIGPIPE's number on Linux.
 fn libc_sigpipe() -> i32 {
     13
+#[test]
+fn cdi_hook_update_ldcache_writes_the_folders_and_runs_ldconfig_on_the_containers_root() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs/etc")).unwrap();
+    std::fs::write(bundle.join("config.json"), r#"{"root":{"path":"rootfs"}}"#).unwrap();
+    // Stands in for ldconfig: records how it was run.
+    let fake = dir.path().join("ldconfig");
+    let record = dir.path().join("args");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\necho \"$@\" > {}\n", record.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let hook = |state: &str, folder: &str| {
+        let mut child = gpuops()
+            .args([
+                "cdi",
+                "hook",
+                "update-ldcache",
+                "--folder",
+                folder,
+                "--ldconfig",
+            ])
+            .arg(&fake)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(state.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let state = format!(
+        r#"{{"ociVersion":"1.0.2","id":"c","bundle":"{}"}}"#,
+        bundle.display()
+    );
+    let o = hook(&state, "/usr/lib64");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let conf =
+        std::fs::read_to_string(bundle.join("rootfs/etc/ld.so.conf.d/00-gpuops-cdi.conf")).unwrap();
+    assert!(conf.ends_with("\n/usr/lib64\n"), "{conf}");
+    let args = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(
+        args.trim(),
+        format!("-r {}", bundle.join("rootfs").display())
+    );
+    // Bad input is refused, naming what is wrong.
+    let o = hook("garbage", "/usr/lib64");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("OCI state on stdin is not valid"),
+        "{}",
+        stderr(&o)
+    );
+    // A link in the image that would lead the hook out of the container's root.
+    std::fs::remove_dir_all(bundle.join("rootfs/etc")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("host-etc"), bundle.join("rootfs/etc")).unwrap();
+    let o = hook(&state, "/usr/lib64");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("rootfs/etc is a symlink"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.path().join("host-etc").exists());
+    let o = hook(&state, "relative/dir");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("\"relative/dir\" is not an absolute directory"),
+        "{}",
+        stderr(&o)
+    );
 }

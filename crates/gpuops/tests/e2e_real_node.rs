@@ -1080,4 +1080,290 @@ fn the_charts_probes_keep_an_agent_without_nvml_running_and_not_ready() {
         "retrying NVML:\n{logs}"
     );
     assert!(!logs.contains("/healthz fails"), "{logs}");
+/// What a pod's container has of the NVIDIA devices and the driver's files: its `/dev/nvidia*`
+/// entries and the mount points of /proc/self/mountinfo under the driver's paths.
+fn nvidia_view(bed: &Bed, pod: &str) -> (Vec<String>, Vec<String>) {
+    let dev = bed.exec(pod, &["ls", "/dev"]);
+    let mut nodes: Vec<String> = dev
+        .split_whitespace()
+        .filter(|n| n.starts_with("nvidia"))
+        .map(str::to_string)
+        .collect();
+    nodes.sort();
+    let info = bed.exec(pod, &["cat", "/proc/self/mountinfo"]);
+    let mut mounts: Vec<String> = info
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            // mount point, options (field 5 and 6 of mountinfo).
+            let (point, options) = (fields.get(4)?, fields.get(5)?);
+            (point.contains("nvidia") || point.contains("libcuda"))
+                .then(|| format!("{point} {}", options.split(',').next().unwrap_or("")))
+        })
+        .collect();
+    mounts.sort();
+    (nodes, mounts)
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn cdi_pods_get_exactly_their_devices_and_driver_files_and_others_none() {
+    let bed = Bed::start("l4x4");
+    // The simulated driver's device nodes and driver files, for the CDI spec.
+    let out = common::run(&[
+        "sim",
+        "dev-nodes",
+        "--state",
+        bed.sim_state.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    // The spec names the simulator's nodes and files at their host paths: the pod sees the
+    // state at the same path.
+    let sim = bed.sim_state.display().to_string();
+    let mounts = format!(
+        r#"[{{"name":"sim","mountPath":"{sim}"}},{{"name":"bed-kubeconfig","mountPath":"/bed","readOnly":true}}]"#
+    );
+    let args = format!(r#"["--sim-state={sim}"]"#);
+    let install_args = |strategy: &str| -> Vec<String> {
+        [
+            "--set",
+            "mig.enabled=false",
+            "--set",
+            "cdi.enabled=true",
+            "--set",
+            &format!("deviceListStrategy={strategy}"),
+            "--set-json",
+            &format!("extraArgs={args}"),
+            "--set-json",
+            &format!("extraVolumeMounts={mounts}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let extra = install_args("cdi-cri");
+    let refs: Vec<&str> = extra.iter().map(String::as_str).collect();
+    bed.install(&refs);
+    bed.wait("4 nvidia.com/gpu allocatable", 120, || {
+        bed.allocatable("nvidia.com/gpu").as_deref() == Some("4")
+    });
+    bed.wait_agent_ready();
+
+    // The agent wrote its spec into the node's /var/run/cdi, with every GPU, `all` and the
+    // simulator's placeholder driver files.
+    let spec_file = bed
+        .node
+        .cdi_spec_dir()
+        .join("k8s.device-plugin.nvidia.com-gpu.json");
+    bed.wait("the agent's CDI spec", 60, || spec_file.is_file());
+    let spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_file).unwrap()).unwrap();
+    assert_eq!(spec["kind"], "k8s.device-plugin.nvidia.com/gpu");
+    let names: Vec<&str> = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2 * 4 + 1, "{names:?}");
+    assert!(names.contains(&"all") && names.contains(&"3"), "{names:?}");
+
+    let check = |pod: &str| {
+        bed.cluster
+            .apply(&bed.workload(pod, "nvidia.com/gpu"))
+            .unwrap();
+        bed.wait(&format!("{pod} Running"), 120, || {
+            bed.pod_phase(pod) == "Running"
+        });
+        let (nodes, mounts) = nvidia_view(&bed, pod);
+        let gpus: Vec<&String> = nodes
+            .iter()
+            .filter(|n| n.trim_start_matches("nvidia").parse::<u32>().is_ok())
+            .collect();
+        assert_eq!(gpus.len(), 1, "{pod}: exactly one GPU node: {nodes:?}");
+        let mut want = vec![
+            gpus[0].clone(),
+            "nvidia-modeset".into(),
+            "nvidia-uvm".into(),
+            "nvidia-uvm-tools".into(),
+            "nvidiactl".into(),
+        ];
+        want.sort();
+        assert_eq!(nodes, want, "{pod}: its GPU and the control nodes");
+        // A character device with NVIDIA's major, as the simulator made it.
+        let ls = bed.exec(pod, &["ls", "-l", &format!("/dev/{}", gpus[0])]);
+        assert!(ls.starts_with('c') && ls.contains("195,"), "{pod}: {ls}");
+        let lib = "/usr/lib/x86_64-linux-gnu";
+        for m in [
+            format!("{lib}/libcuda.so.1 ro"),
+            "/usr/bin/nvidia-smi ro".to_string(),
+        ] {
+            assert!(mounts.contains(&m), "{pod}: {m} not in {mounts:?}");
+        }
+        assert!(
+            mounts.iter().all(|m| m.ends_with(" ro")),
+            "{pod}: read-only: {mounts:?}"
+        );
+        let text = bed.exec(pod, &["cat", &format!("{lib}/libcuda.so.1")]);
+        assert!(text.contains("placeholder"), "{pod}: {text}");
+        let env = bed.exec(pod, &["env"]);
+        assert!(
+            env.contains("NVIDIA_VISIBLE_DEVICES=void"),
+            "{pod}: the spec's env: {env}"
+        );
+        (gpus[0].clone(), mounts)
+    };
+    let (first, cri_mounts) = check("cdi-cri");
+
+    // A pod without a GPU request gets nothing of it.
+    bed.cluster
+        .apply(&format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: no-gpu
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: plain
+      image: {image}
+      imagePullPolicy: Never
+      command: ["sh", "-c", "exec sleep 3600"]
+"#,
+            image = bed.node.images().busybox_ref
+        ))
+        .unwrap();
+    bed.wait("no-gpu Running", 120, || {
+        bed.pod_phase("no-gpu") == "Running"
+    });
+    let (nodes, mounts) = nvidia_view(&bed, "no-gpu");
+    assert!(nodes.is_empty(), "no-gpu sees {nodes:?}");
+    assert!(mounts.is_empty(), "no-gpu has {mounts:?}");
+    let env = bed.exec("no-gpu", &["env"]);
+    assert!(!env.contains("NVIDIA_VISIBLE_DEVICES"), "{env}");
+
+    // The same through annotations.
+    let extra = install_args("cdi-annotations");
+    let mut upgrade = vec![
+        "upgrade".to_string(),
+        RELEASE.into(),
+        repo().join("deploy/helm/gpuops").display().to_string(),
+        "--namespace".into(),
+        NAMESPACE.into(),
+        "--reuse-values".into(),
+    ];
+    upgrade.extend(extra);
+    let refs: Vec<&str> = upgrade.iter().map(String::as_str).collect();
+    bed.helm(&refs);
+    bed.wait("the upgraded agent Ready", 120, || {
+        bed.cluster
+            .get_json(&["daemonset", "-n", NAMESPACE, RELEASE])
+            .is_ok_and(|ds| {
+                ds["metadata"]["generation"] == ds["status"]["observedGeneration"]
+                    && ds["status"]["updatedNumberScheduled"] == 1
+                    && ds["status"]["numberReady"] == 1
+                    && ds["status"]["numberUnavailable"].is_null()
+            })
+    });
+    let (second, annotation_mounts) = check("cdi-annotations");
+    assert_ne!(first, second, "the second pod gets another GPU");
+    assert_eq!(cri_mounts, annotation_mounts);
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn after_a_mig_change_the_cdi_spec_names_the_mig_devices_and_a_mig_pod_gets_its_nodes() {
+    let bed = Bed::start("dgx-h100");
+    // The simulated driver's device nodes and driver files, for the CDI spec.
+    let out = common::run(&[
+        "sim",
+        "dev-nodes",
+        "--state",
+        bed.sim_state.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let sim = bed.sim_state.display().to_string();
+    let mounts = format!(
+        r#"[{{"name":"sim","mountPath":"{sim}"}},{{"name":"bed-kubeconfig","mountPath":"/bed","readOnly":true}}]"#
+    );
+    bed.install(&[
+        "--set",
+        "migStrategy=mixed",
+        "--set",
+        "cdi.enabled=true",
+        "--set",
+        "deviceListStrategy=cdi-cri",
+        "--set-json",
+        &format!(r#"extraArgs=["--sim-state={sim}"]"#),
+        "--set-json",
+        &format!("extraVolumeMounts={mounts}"),
+    ]);
+    bed.wait("8 nvidia.com/gpu allocatable", 120, || {
+        bed.allocatable("nvidia.com/gpu").as_deref() == Some("8")
+    });
+    let spec_file = bed
+        .node
+        .cdi_spec_dir()
+        .join("k8s.device-plugin.nvidia.com-gpu.json");
+    let names = || -> Vec<String> {
+        std::fs::read_to_string(&spec_file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| {
+                v["devices"].as_array().map(|a| {
+                    a.iter()
+                        .filter_map(|d| d["name"].as_str().map(str::to_string))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    };
+    bed.wait("the spec with 8 GPUs", 60, || names().len() == 2 * 8 + 1);
+
+    let t0 = Instant::now();
+    bed.cluster
+        .kubectl(&[
+            "label",
+            "nodes",
+            &bed.node.name,
+            "nvidia.com/mig.config=all-1g.10gb",
+            "--overwrite",
+        ])
+        .unwrap();
+    bed.wait("56 nvidia.com/mig-1g.10gb allocatable", 180, || {
+        bed.allocatable("nvidia.com/mig-1g.10gb").as_deref() == Some("56")
+    });
+    // The agent rewrote its spec: 8 GPUs and 56 MIG devices, each by UUID and index, and `all`.
+    bed.wait("the spec with the MIG devices", 60, || {
+        names().len() == 2 * (8 + 56) + 1
+    });
+    figure(
+        "mig.config label -> CDI spec with 56 MIG devices (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    let n = names();
+    assert!(
+        n.iter().any(|x| x.starts_with("MIG-")) && n.contains(&"7:6".to_string()),
+        "{n:?}"
+    );
+
+    bed.cluster
+        .apply(&bed.workload("mig-cdi", "nvidia.com/mig-1g.10gb"))
+        .unwrap();
+    bed.wait("mig-cdi Running", 120, || {
+        bed.pod_phase("mig-cdi") == "Running"
+    });
+    let (nodes, _) = nvidia_view(&bed, "mig-cdi");
+    let gpus: Vec<&String> = nodes
+        .iter()
+        .filter(|x| x.trim_start_matches("nvidia").parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(gpus.len(), 1, "the MIG device's parent only: {nodes:?}");
+    // The GI and CI capability nodes the simulated driver made for the new MIG device.
+    let caps = bed.exec("mig-cdi", &["ls", "-l", "/dev/nvidia-caps"]);
+    let cap_lines: Vec<&str> = caps.lines().filter(|l| l.contains("nvidia-cap")).collect();
+    assert_eq!(cap_lines.len(), 2, "its GI and CI access nodes: {caps}");
+    assert!(
+        cap_lines.iter().all(|l| l.starts_with('c')),
+        "character devices: {caps}"
+    );
 }

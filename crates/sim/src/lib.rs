@@ -8,6 +8,7 @@
 
 pub mod activity;
 pub mod control;
+pub mod devnodes;
 pub mod fleet;
 pub mod ids;
 pub mod mig;

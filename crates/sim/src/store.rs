@@ -109,6 +109,7 @@ impl Store {
         match change(&mut state) {
             Ok(value) => {
                 self.save(&state)?;
+                crate::devnodes::refresh(&self.dir, &state)?;
                 Ok(Ok(value))
             }
             Err(e) => Ok(Err(e)),

@@ -25,11 +25,14 @@ const SYSCTLS: [&str; 4] = [
 ];
 
 /// Host directories that are replaced by test directories inside the node's mount namespace.
-/// (`/var/lib/kubelet`: the device-plugin socket is always there whatever --root-dir says.)
-const PRIVATE_DIRS: [(&str, &str); 3] = [
+/// (`/var/lib/kubelet`: the device-plugin socket is always there whatever --root-dir says;
+/// `/var/run/cdi`: a CDI spec the chart's agent writes there reaches this node's containerd
+/// only, never the host's.)
+const PRIVATE_DIRS: [(&str, &str); 4] = [
     ("/var/lib/kubelet", "kubelet"),
     ("/run/containerd", "run-containerd"),
     ("/var/log", "log"),
+    ("/var/run/cdi", "run-cdi"),
 ];
 
 /// How a real node is started.
@@ -142,6 +145,11 @@ impl RealNode {
     /// The node's directory (configs, logs, containerd's state).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// What is `/var/run/cdi` inside the node (a CDI spec directory containerd reads).
+    pub fn cdi_spec_dir(&self) -> PathBuf {
+        self.dir.path().join("run-cdi")
     }
 
     /// The kubelet's log file (of its latest start).

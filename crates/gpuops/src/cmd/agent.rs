@@ -76,6 +76,27 @@ pub struct Args {
     node: NodeFlags,
     #[command(flatten)]
     nvidia: NvidiaFlags,
+    #[command(flatten)]
+    cdi: CdiFlags,
+}
+
+/// The CDI spec the agent writes for the `cdi-annotations` / `cdi-cri` device list strategies.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "CDI spec (docs/cdi.md)")]
+pub struct CdiFlags {
+    /// Write the CDI spec (kind k8s.device-plugin.nvidia.com/gpu, file
+    /// k8s.device-plugin.nvidia.com-gpu.json) into this directory at start and whenever the
+    /// devices change; an empty value writes none [default: /var/run/cdi (with --simulate: cdi/
+    /// in the simulator state) when DEVICE_LIST_STRATEGY names cdi-annotations or cdi-cri, else
+    /// none]. The driver's files are looked for under CONTAINER_DRIVER_ROOT (default
+    /// --nvidia-driver-root) and named in the spec under --nvidia-driver-root.
+    #[arg(long, env = "GPUOPS_CDI_SPEC_DIR", value_name = "DIR")]
+    cdi_spec_dir: Option<String>,
+    /// A gpuops binary on the host (not in the agent's image: the runtime runs hooks on the
+    /// host) for the spec's ldcache hook, `gpuops cdi hook update-ldcache` [default: NVIDIA's
+    /// nvidia-cdi-hook when found under the driver root, else no hook].
+    #[arg(long, env = "GPUOPS_CDI_HOOK_PATH", value_name = "FILE")]
+    cdi_hook_path: Option<String>,
 }
 
 /// What the agent keeps on its Kubernetes Node.
@@ -212,6 +233,11 @@ pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
         snapshot_timeout: Duration::from_secs(30),
         node: NodeFlags::default(),
         nvidia: NvidiaFlags::default(),
+        // The exporter serves no device plugin: no spec for its devices.
+        cdi: CdiFlags {
+            cdi_spec_dir: Some(String::new()),
+            cdi_hook_path: None,
+        },
     })
 }
 
@@ -357,7 +383,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     }
     let plugin_dir = places.plugin_dir;
-    let host_devices = prepare::host_devices(simulation.is_some(), &config);
+    let sim_state = simulation.as_ref().map(|s| s.state_dir.as_path());
+    let host_devices = prepare::host_devices(sim_state, &config);
+    let cdi = prepare::cdi_config(
+        args.cdi.cdi_spec_dir.as_deref(),
+        args.cdi.cdi_hook_path.clone(),
+        &config,
+        sim_state.map(|state_dir| prepare::SimulatedRoots {
+            state_dir,
+            driver_root: state_dir.join(gpuops_sim::devnodes::DRIVER_ROOT),
+        }),
+    );
+    match &cdi {
+        Some(c) => println!("  CDI spec       {}", c.path.display()),
+        None => println!("  CDI spec       not written (--cdi-spec-dir)"),
+    }
     let published = gpuops_agent::publish(
         &first,
         &config,
@@ -425,6 +465,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         kube,
         nvml_libraries: libraries,
         sysfs_root: args.c.gpus.sysfs_root.clone(),
+        cdi,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,10 +1,10 @@
 //! `gpuops cdi`: CDI specs for the node's GPUs, in place of `nvidia-ctk cdi generate`.
 
 use crate::gpu_source::{self, GpuArgs};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Subcommand;
 use gpuops_resources::HostDevices;
-use gpuops_resources::cdi::{self, CdiSpec};
+use gpuops_resources::cdi::{self, CdiSpec, SpecOptions};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -20,17 +20,41 @@ pub struct Args {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     Generate(GenerateArgs),
+    #[command(subcommand)]
+    Hook(HookCmd),
 }
 
-/// Write a CDI spec (kind k8s.device-plugin.nvidia.com/gpu) for this node's GPUs and MIG devices:
-/// each GPU by UUID and by index ("0"), each MIG device by MIG UUID and by "i:j", with their device
-/// nodes; the control nodes (/dev/nvidiactl, /dev/nvidia-uvm, ...) that exist go to every device.
-/// The spec is validated before it is written; an invalid one is not written (exit 1).
+/// What a container runtime runs from a CDI spec's hooks (not for interactive use).
+#[derive(Debug, Subcommand)]
+enum HookCmd {
+    /// A createContainer hook: reads the OCI state on stdin, writes the --folder directories to
+    /// the container's /etc/ld.so.conf.d/00-gpuops-cdi.conf and runs ldconfig on the container's
+    /// root (`ldconfig -r`), so its loader cache knows the driver's libraries.
+    UpdateLdcache {
+        /// A directory holding the driver's libraries in the container (repeatable).
+        #[arg(long = "folder", value_name = "DIR")]
+        folders: Vec<String>,
+        /// The ldconfig to run (the host's; it chroots into the container's root).
+        #[arg(long, default_value = "/sbin/ldconfig", value_name = "FILE")]
+        ldconfig: PathBuf,
+    },
+}
+
+/// Write a CDI spec (kind k8s.device-plugin.nvidia.com/gpu, the names the device plugin's
+/// cdi-annotations and cdi-cri strategies emit) for this node's GPUs and MIG devices: each GPU by
+/// UUID and by index ("0"), each MIG device by MIG UUID and by "i:j", and "all", with their device
+/// nodes; what every device needs: the control nodes (/dev/nvidiactl, /dev/nvidia-uvm, ...) that
+/// exist, the driver's libraries (with their soname links) and programs found under
+/// --driver-root as read-only mounts, the persistenced / fabric manager sockets and the MPS pipe
+/// directory when present, and an ldcache hook (docs/cdi.md). The spec is validated before it is
+/// written; an invalid one is not written (exit 1). The agent writes the same spec itself
+/// (--cdi-spec-dir).
 ///
 /// Examples:
 ///   gpuops cdi generate --simulate dgx-h100
 ///   gpuops cdi generate --output /var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json
-///   gpuops cdi generate --dev-root /run/nvidia/driver --format yaml
+///   gpuops cdi generate --dev-root /run/nvidia/driver --driver-root /run/nvidia/driver --format yaml
+///   gpuops cdi generate --kind nvidia.com/gpu -o /etc/cdi/nvidia.yaml --format yaml   (nvidia-ctk's kind)
 ///   gpuops cdi generate --sim-state /tmp/sim     (after `gpuops mig apply ... --sim-state /tmp/sim`)
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
@@ -48,6 +72,21 @@ struct GenerateArgs {
     /// are looked for there; host paths in the spec are prefixed with it.
     #[arg(long, value_name = "DIR", default_value = "/")]
     dev_root: String,
+    /// Root the driver's files (libraries, programs, IPC sockets) are searched under, and
+    /// prefixed with in the spec's host paths [with --simulate: driver/ in the simulator state].
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    driver_root: String,
+    /// Where --driver-root is on the host, when this runs in a container that sees it elsewhere
+    /// [default: --driver-root].
+    #[arg(long, value_name = "DIR")]
+    host_driver_root: Option<String>,
+    /// The CDI kind, vendor/class.
+    #[arg(long, default_value = gpuops_resources::allocate::CDI_KIND)]
+    kind: String,
+    /// A gpuops binary on the host for the ldcache hook [default: NVIDIA's nvidia-cdi-hook when
+    /// found under --driver-root, else no hook].
+    #[arg(long, value_name = "FILE")]
+    hook_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -59,19 +98,87 @@ enum SpecFormat {
 pub fn run(args: Args) -> Result<ExitCode> {
     match args.command {
         Cmd::Generate(a) => generate(a),
+        Cmd::Hook(HookCmd::UpdateLdcache { folders, ldconfig }) => {
+            update_ldcache(&folders, &ldconfig)
+        }
     }
 }
 
+fn update_ldcache(folders: &[String], ldconfig: &Path) -> Result<ExitCode> {
+    let mut state = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut state)
+        .context("reading the OCI state on stdin")?;
+    let root =
+        cdi::hook_rootfs(&state, |p| std::fs::read_to_string(p)).map_err(anyhow::Error::msg)?;
+    let conf = cdi::ldcache_conf(folders).map_err(anyhow::Error::msg)?;
+    // The hook runs as root before the container's root is pivoted to: a link in the image
+    // (etc -> /etc) would make it write on the host.
+    let mut at = root.clone();
+    for part in Path::new(cdi::LDCACHE_CONF).iter() {
+        at.push(part);
+        if at
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            anyhow::bail!(
+                "{} is a symlink in the container's image; not writing through it",
+                at.display()
+            );
+        }
+    }
+    let file = root.join(cdi::LDCACHE_CONF);
+    gpuops_atomicfile::write(&file, conf)?;
+    let status = std::process::Command::new(ldconfig)
+        .arg("-r")
+        .arg(&root)
+        .status()
+        .with_context(|| format!("running {}", ldconfig.display()))?;
+    if !status.success() {
+        anyhow::bail!("{} -r {}: {status}", ldconfig.display(), root.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn generate(args: GenerateArgs) -> Result<ExitCode> {
-    let simulated = args.gpus.simulate.is_some() || args.gpus.sim_state.is_some();
     let opened = gpu_source::open(&args.gpus)?;
     let inventory = opened.gpus.snapshot()?;
-    let host = if simulated {
-        HostDevices::default()
-    } else {
-        gpuops_deviceplugin::probe_host(Path::new(&args.dev_root), Path::new("/proc"))
+    // A simulated node's device nodes and driver files are in its state directory (`gpuops sim
+    // dev-nodes`); without them, or in a temporary one (gone when this exits), the spec names the
+    // usual paths.
+    let sim = opened
+        .simulation
+        .as_ref()
+        .filter(|_| args.gpus.sim_state.is_some())
+        .filter(|s| s.state_dir.join("dev").is_dir());
+    let (dev_root, driver_root) = match sim {
+        Some(sim) => (
+            sim.state_dir.display().to_string(),
+            sim.state_dir
+                .join(gpuops_sim::devnodes::DRIVER_ROOT)
+                .display()
+                .to_string(),
+        ),
+        None => (args.dev_root.clone(), args.driver_root.clone()),
     };
-    let spec = cdi::spec(&inventory, &host, &args.dev_root);
+    let host = match (&opened.simulation, sim) {
+        (Some(_), None) => HostDevices::default(),
+        (_, Some(sim)) if !sim.state_dir.join("dev").is_dir() => HostDevices::default(),
+        (_, Some(sim)) => {
+            gpuops_deviceplugin::probe_host(&sim.state_dir, &sim.state_dir.join("proc"))
+        }
+        (None, None) => gpuops_deviceplugin::probe_host(Path::new(&dev_root), Path::new("/proc")),
+    };
+    let driver = match (&opened.simulation, sim) {
+        (Some(_), None) => Default::default(),
+        _ => gpuops_agent::probe_driver(Path::new(&driver_root), &inventory.driver_version)?,
+    };
+    let options = SpecOptions {
+        kind: args.kind.clone(),
+        dev_root,
+        driver_root: args.host_driver_root.clone().unwrap_or(driver_root),
+        gpuops_hook: args.hook_path.clone(),
+    };
+    let spec = cdi::spec(&inventory, &host, &driver, &options)?;
     if let Err(problems) = cdi::validate(&spec) {
         eprintln!("error: the generated CDI spec is invalid; not writing it:");
         for p in problems {

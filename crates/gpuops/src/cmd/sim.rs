@@ -43,6 +43,13 @@ enum Action {
         #[arg(long, value_name = "FLEET")]
         fleet: String,
     },
+    /// Give the simulated node device nodes (/dev/nvidia*, made again for every new MIG device),
+    /// /proc/driver/nvidia-caps/mig-minors and placeholder driver files under DIR, for the
+    /// agent's CDI spec and a container runtime to inject (docs/simulator.md).
+    DevNodes {
+        #[command(flatten)]
+        state: StateArg,
+    },
     /// List the built-in fleets and show the fleet-file format.
     Fleets,
     /// Show the simulated node's state.
@@ -174,6 +181,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 state.state.display(),
                 state.state.display()
             );
+        }
+        Action::DevNodes { state } => {
+            let s = Store::new(&state.state).load()?;
+            let nodes = gpuops_sim::devnodes::create(&state.state, &s)?;
+            println!(
+                "device nodes in {dir}/dev, MIG capability minors in {dir}/proc, placeholder driver files in {dir}/driver",
+                dir = state.state.display()
+            );
+            if nodes == gpuops_sim::devnodes::NodeKind::RegularFiles {
+                println!(
+                    "the device nodes are regular files (mknod not permitted): CDI runtimes will not inject them"
+                );
+            }
         }
         Action::Fleets => {
             let mut t = table(&["FLEET", "GPUS"]);
