@@ -28,7 +28,12 @@ fn main() {
     // Layouts NVIDIA ships, so the mix looks like a real fleet.
     let layouts: Vec<Vec<(&str, u32)>> = vec![
         (0..7).map(|s| ("1g.10gb", s)).collect(),
-        vec![("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)],
+        vec![
+            ("1g.10gb", 0),
+            ("1g.10gb", 1),
+            ("2g.20gb", 2),
+            ("3g.40gb", 4),
+        ],
         vec![("3g.40gb", 0), ("3g.40gb", 4)],
         vec![("2g.20gb", 0), ("2g.20gb", 2), ("2g.20gb", 4)],
         vec![("7g.80gb", 0)],
@@ -43,6 +48,7 @@ fn main() {
             state: MigNodeState::Success,
             changed_at: None,
             unschedulable: false,
+            in_flight: false,
             gpus: (0..8)
                 .map(|_| {
                     let l = &layouts[rng.below(layouts.len() as u64) as usize];
@@ -78,11 +84,14 @@ fn main() {
         room: 1000,
         default_config: Some((
             "all-balanced".into(),
-            vec![BTreeMap::from([
-                ("1g.10gb".to_string(), 2),
-                ("2g.20gb".to_string(), 1),
-                ("3g.40gb".to_string(), 1),
-            ]); 8],
+            vec![
+                BTreeMap::from([
+                    ("1g.10gb".to_string(), 2),
+                    ("2g.20gb".to_string(), 1),
+                    ("3g.40gb".to_string(), 1),
+                ]);
+                8
+            ],
         )),
     }];
     let cfg = MigConfig::default();

@@ -95,6 +95,11 @@ pub struct MigNode {
     pub changed_at: Option<Millis>,
     /// Cordoned or being removed: not re-partitioned.
     pub unschedulable: bool,
+    /// Launched, not ready yet: its layout counts as capacity pods wait for (so demand it
+    /// will serve buys nothing twice), and it is not re-partitioned.
+    #[serde(default)]
+    pub in_flight: bool,
+    /// The GPUs; for a node in state `Pending`, the layout being applied.
     pub gpus: Vec<MigGpu>,
 }
 
@@ -450,11 +455,12 @@ pub fn decide_mig(
         now.saturating_sub(*at) < ms(cfg.min_interval) && nodes.iter().any(|n| &n.name == name)
     });
 
-    // 1. Free instances the scheduler can bind now.
+    // 1. Free instances the scheduler can bind now or once a launched node or a change under
+    // way is done.
     let mut free: BTreeMap<&str, u64> = BTreeMap::new();
     for n in nodes
         .iter()
-        .filter(|n| !n.unschedulable && n.state == MigNodeState::Success)
+        .filter(|n| !n.unschedulable && n.state != MigNodeState::Failed)
     {
         for g in n.gpus.iter().filter(|g| g.mig_enabled) {
             for i in g.instances.iter().filter(|i| !i.busy) {
@@ -550,7 +556,7 @@ pub fn decide_mig(
         {
             continue;
         }
-        if node_blocked(n, mem, now, cfg).is_some() {
+        if n.in_flight || node_blocked(n, mem, now, cfg).is_some() {
             continue;
         }
         let mut per_gpu: Vec<(bool, BTreeMap<String, u32>)> = n

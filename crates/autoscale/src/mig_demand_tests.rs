@@ -17,7 +17,9 @@ fn seven_1g(busy: usize) -> MigGpu {
     MigGpu {
         mig_enabled: true,
         busy: false,
-        instances: (0..7).map(|s| inst("1g.10gb", s, (s as usize) < busy)).collect(),
+        instances: (0..7)
+            .map(|s| inst("1g.10gb", s, (s as usize) < busy))
+            .collect(),
     }
 }
 
@@ -31,6 +33,7 @@ fn node(name: &str, model: &str, price: f64, gpus: Vec<MigGpu>) -> MigNode {
         state: MigNodeState::Success,
         changed_at: None,
         unschedulable: false,
+        in_flight: false,
         gpus,
     }
 }
@@ -86,7 +89,11 @@ fn free_gpu_is_repartitioned_and_busy_instances_stay() {
         target.counts().get("1g.10gb").copied().unwrap_or(0) >= 3,
         "{target}"
     );
-    assert!(c.config.yaml.contains("\"3g.40gb\": 1"), "{}", c.config.yaml);
+    assert!(
+        c.config.yaml.contains("\"3g.40gb\": 1"),
+        "{}",
+        c.config.yaml
+    );
     assert!(c.config.yaml.starts_with("version: v1"));
     assert!(c.config_name.starts_with("gpuops-"));
     assert!(d.scale_ups.is_empty());
@@ -460,13 +467,10 @@ fn property_random_clusters_never_lose_a_busy_instance_nor_change_a_node_twice_i
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let mut nodes: Vec<MigNode> = (0..(2 + rng.below(6)))
             .map(|i| {
-                let gpus = (0..(1 + rng.below(4))).map(|_| random_gpu(&mut rng)).collect();
-                node(
-                    &format!("n{i}"),
-                    H100,
-                    (1 + rng.below(5)) as f64,
-                    gpus,
-                )
+                let gpus = (0..(1 + rng.below(4)))
+                    .map(|_| random_gpu(&mut rng))
+                    .collect();
+                node(&format!("n{i}"), H100, (1 + rng.below(5)) as f64, gpus)
             })
             .collect();
         let mut mem = MigMemory::default();
@@ -508,7 +512,10 @@ fn property_random_clusters_never_lose_a_busy_instance_nor_change_a_node_twice_i
                 busy_kept(n, c);
                 // A MIG-off GPU with work, and any GPU of a node not changed, is untouched.
                 for (gi, _) in &c.plans {
-                    assert!(!n.gpus[*gi as usize].busy, "seed {seed}: busy whole GPU changed");
+                    assert!(
+                        !n.gpus[*gi as usize].busy,
+                        "seed {seed}: busy whole GPU changed"
+                    );
                 }
                 assert!(!c.pods.is_empty());
                 if let Some(prev) = changed.get(&c.node) {
