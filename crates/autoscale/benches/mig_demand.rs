@@ -49,6 +49,8 @@ fn main() {
             changed_at: None,
             unschedulable: false,
             in_flight: false,
+            cpu_free_milli: 96_000,
+            memory_free_mib: 1_000_000,
             gpus: (0..8)
                 .map(|_| {
                     let l = &layouts[rng.below(layouts.len() as u64) as usize];
@@ -74,6 +76,8 @@ fn main() {
             created: rng.below(30_000),
             profile: PROFILES[rng.below(PROFILES.len() as u64) as usize].into(),
             count: 1,
+            cpu_milli: 2000,
+            memory_mib: 8192,
         })
         .collect();
     let pools = vec![MigPool {
@@ -82,6 +86,8 @@ fn main() {
         gpus: 8,
         price_per_hour: 25.0,
         room: 1000,
+        cpu_milli: 96_000,
+        memory_mib: 1_000_000,
         default_config: Some((
             "all-balanced".into(),
             vec![

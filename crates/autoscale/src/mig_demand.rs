@@ -101,6 +101,16 @@ pub struct MigNode {
     pub in_flight: bool,
     /// The GPUs; for a node in state `Pending`, the layout being applied.
     pub gpus: Vec<MigGpu>,
+    /// Free CPU (milli) and memory (MiB): a free slice is no use to a pod the node has no
+    /// room for.
+    #[serde(default = "unbounded")]
+    pub cpu_free_milli: u64,
+    #[serde(default = "unbounded")]
+    pub memory_free_mib: u64,
+}
+
+fn unbounded() -> u64 {
+    u64::MAX
 }
 
 /// A pending pod asking for MIG devices of one profile.
@@ -112,6 +122,10 @@ pub struct MigPod {
     pub profile: String,
     /// How many of them (all on one node).
     pub count: u32,
+    #[serde(default)]
+    pub cpu_milli: u64,
+    #[serde(default)]
+    pub memory_mib: u64,
 }
 
 /// A pool new MIG nodes can be bought from.
@@ -126,6 +140,11 @@ pub struct MigPool {
     pub room: u32,
     /// The named config its nodes come up with by default and its per-GPU devices, if any.
     pub default_config: Option<(String, Vec<BTreeMap<String, u32>>)>,
+    /// CPU (milli) and memory (MiB) of one node.
+    #[serde(default = "unbounded")]
+    pub cpu_milli: u64,
+    #[serde(default = "unbounded")]
+    pub memory_mib: u64,
 }
 
 /// What the decision remembers between calls.
@@ -263,6 +282,7 @@ fn fill_gpu(
     free_before: &[String],
     demand: &mut Demand,
     pods: &[MigPod],
+    budget: &mut (u64, u64),
 ) -> Option<(Vec<usize>, BTreeMap<String, u32>, Plan)> {
     let total = model.mig.as_ref().map_or(0, |m| m.memory_slices);
     let mut wanted = busy.counts();
@@ -283,7 +303,10 @@ fn fill_gpu(
                 break;
             };
             let n = pods[pi].count.max(1);
-            if used + size * n > total {
+            if used + size * n > total
+                || pods[pi].cpu_milli > budget.0
+                || pods[pi].memory_mib > budget.1
+            {
                 break;
             }
             let mut w = wanted.clone();
@@ -295,6 +318,8 @@ fn fill_gpu(
             used += size * n;
             last = Some(p);
             placed.push(pi);
+            budget.0 -= pods[pi].cpu_milli;
+            budget.1 -= pods[pi].memory_mib;
             if let Some(q) = demand.queues.get_mut(&profile) {
                 q.pop_front();
             }
@@ -456,18 +481,30 @@ pub fn decide_mig(
     });
 
     // 1. Free instances the scheduler can bind now or once a launched node or a change under
-    // way is done.
-    let mut free: BTreeMap<&str, u64> = BTreeMap::new();
-    for n in nodes
+    // way is done, on nodes with room for the pod.
+    struct Room {
+        free: BTreeMap<String, u64>,
+        cpu: u64,
+        mem: u64,
+    }
+    let mut rooms: Vec<Room> = nodes
         .iter()
         .filter(|n| !n.unschedulable && n.state != MigNodeState::Failed)
-    {
-        for g in n.gpus.iter().filter(|g| g.mig_enabled) {
-            for i in g.instances.iter().filter(|i| !i.busy) {
-                *free.entry(i.profile.as_str()).or_insert(0) += 1;
+        .map(|n| {
+            let mut free = BTreeMap::new();
+            for g in n.gpus.iter().filter(|g| g.mig_enabled) {
+                for i in g.instances.iter().filter(|i| !i.busy) {
+                    *free.entry(i.profile.clone()).or_insert(0) += 1;
+                }
             }
-        }
-    }
+            Room {
+                free,
+                cpu: n.cpu_free_milli,
+                mem: n.memory_free_mib,
+            }
+        })
+        .filter(|r| !r.free.is_empty())
+        .collect();
     let mut order: Vec<usize> = (0..pods.len()).collect();
     order.sort_by(|&a, &b| {
         pods[a]
@@ -478,12 +515,22 @@ pub fn decide_mig(
     let mut demand_pods = Vec::new();
     for &pi in &order {
         let p = &pods[pi];
-        let have = free.get(p.profile.as_str()).copied().unwrap_or(0);
-        if have >= u64::from(p.count.max(1)) {
-            free.insert(p.profile.as_str(), have - u64::from(p.count.max(1)));
-            out.served_by_free.push(p.key.clone());
-        } else {
-            demand_pods.push(pi);
+        let want = u64::from(p.count.max(1));
+        let room = rooms.iter_mut().find(|r| {
+            r.free.get(&p.profile).copied().unwrap_or(0) >= want
+                && r.cpu >= p.cpu_milli
+                && r.mem >= p.memory_mib
+        });
+        match room {
+            Some(r) => {
+                if let Some(f) = r.free.get_mut(&p.profile) {
+                    *f -= want;
+                }
+                r.cpu -= p.cpu_milli;
+                r.mem -= p.memory_mib;
+                out.served_by_free.push(p.key.clone());
+            }
+            None => demand_pods.push(pi),
         }
     }
 
@@ -572,6 +619,7 @@ pub fn decide_mig(
             .collect();
         let mut plans = Vec::new();
         let mut served = Vec::new();
+        let mut budget = (n.cpu_free_milli, n.memory_free_mib);
         for (gi, g) in n.gpus.iter().enumerate() {
             if demand.is_empty() {
                 break;
@@ -596,9 +644,15 @@ pub fn decide_mig(
                 .filter(|i| !i.busy)
                 .map(|i| i.profile.clone())
                 .collect();
-            if let Some((placed, wanted, plan)) =
-                fill_gpu(&mut planner, model, &busy, &free_before, &mut demand, pods)
-            {
+            if let Some((placed, wanted, plan)) = fill_gpu(
+                &mut planner,
+                model,
+                &busy,
+                &free_before,
+                &mut demand,
+                pods,
+                &mut budget,
+            ) {
                 per_gpu[gi] = (true, wanted);
                 plans.push((u32::try_from(gi).unwrap_or(u32::MAX), plan));
                 served.extend(placed.into_iter().map(|pi| pods[pi].key.clone()));
@@ -652,6 +706,7 @@ pub fn decide_mig(
         while bought < pool.room && !demand.is_empty() {
             let mut node_layout = Vec::new();
             let mut node_served = Vec::new();
+            let mut budget = (pool.cpu_milli, pool.memory_mib);
             for _ in 0..pool.gpus {
                 match fill_gpu(
                     &mut planner,
@@ -660,6 +715,7 @@ pub fn decide_mig(
                     &[],
                     &mut demand,
                     pods,
+                    &mut budget,
                 ) {
                     Some((placed, wanted, _)) => {
                         node_served.extend(placed.into_iter().map(|pi| pods[pi].key.clone()));

@@ -35,6 +35,8 @@ fn node(name: &str, model: &str, price: f64, gpus: Vec<MigGpu>) -> MigNode {
         unschedulable: false,
         in_flight: false,
         gpus,
+        cpu_free_milli: u64::MAX,
+        memory_free_mib: u64::MAX,
     }
 }
 
@@ -44,6 +46,8 @@ fn pod(key: &str, created: Millis, profile: &str) -> MigPod {
         created,
         profile: profile.into(),
         count: 1,
+        cpu_milli: 0,
+        memory_mib: 0,
     }
 }
 
@@ -332,6 +336,8 @@ fn without_free_capacity_a_node_is_bought_with_the_right_layout() {
             price_per_hour: 30.0,
             room: 5,
             default_config: None,
+            cpu_milli: u64::MAX,
+            memory_mib: u64::MAX,
         },
         MigPool {
             name: "default/h100".into(),
@@ -343,6 +349,8 @@ fn without_free_capacity_a_node_is_bought_with_the_right_layout() {
                 "all-1g.10gb".into(),
                 vec![BTreeMap::from([("1g.10gb".to_string(), 7)]); 2],
             )),
+            cpu_milli: u64::MAX,
+            memory_mib: u64::MAX,
         },
     ];
     let pods = vec![
@@ -531,4 +539,33 @@ fn property_random_clusters_never_lose_a_busy_instance_nor_change_a_node_twice_i
             }
         }
     }
+}
+
+#[test]
+fn a_free_slice_on_a_node_without_cpu_room_does_not_count() {
+    let mut full = node("full", H100, 1.0, vec![seven_1g(1)]);
+    full.cpu_free_milli = 1000;
+    let roomy = node("roomy", H100, 2.0, vec![seven_1g(7), seven_1g(0)]);
+    let mut p = pod("ns/a", 0, "1g.10gb");
+    p.cpu_milli = 4000;
+    let d = decide_mig(
+        &[full.clone(), roomy],
+        std::slice::from_ref(&p),
+        &[],
+        &mut MigMemory::default(),
+        20 * S,
+        &MigConfig::default(),
+    );
+    // The roomy node offers a free 1g: served there.
+    assert_eq!(d.served_by_free, vec!["ns/a".to_string()]);
+    let d = decide_mig(
+        &[full],
+        &[p],
+        &[],
+        &mut MigMemory::default(),
+        20 * S,
+        &MigConfig::default(),
+    );
+    assert!(d.served_by_free.is_empty() && d.changes.is_empty(), "{d:?}");
+    assert_eq!(d.unserved.len(), 1);
 }

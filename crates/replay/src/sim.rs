@@ -264,6 +264,7 @@ pub(crate) struct World<'a> {
     pub evictions: u64,
     capacity_changed: bool,
     pub(crate) last_activity: Ms,
+    wakes: std::collections::BTreeSet<Ms>,
 }
 
 fn ms(d: Duration) -> Ms {
@@ -393,6 +394,7 @@ impl<'a> World<'a> {
             evictions: 0,
             capacity_changed: false,
             last_activity: 0,
+            wakes: std::collections::BTreeSet::new(),
         };
         for i in 0..w.pods.len() {
             let t = w.pods[i].arrival;
@@ -406,9 +408,22 @@ impl<'a> World<'a> {
         self.heap.push(Reverse((t, self.seq, ev)));
     }
 
+    /// A decision at `t` exactly (one wake per time).
     pub fn wake_at(&mut self, t: Ms) {
         let t = t.max(self.now + 1);
-        self.push(t, Ev::Wake);
+        self.wakes.retain(|w| *w > self.now);
+        if self.wakes.insert(t) {
+            self.push(t, Ev::Wake);
+        }
+    }
+
+    /// A decision at `t` or before: every decision re-requests what it still waits for, so an
+    /// earlier wake-up already covers this one (and retries never multiply).
+    pub fn wake_by(&mut self, t: Ms) {
+        self.wakes.retain(|w| *w > self.now);
+        if self.wakes.range(..=t).next().is_none() {
+            self.wake_at(t);
+        }
     }
 
     pub fn pool(&self, i: usize) -> &ReplayPool {
@@ -1070,11 +1085,11 @@ impl Ours {
                 }
                 if !d.waiting.is_empty() {
                     let oldest = pods.iter().map(|p| p.created).min().unwrap_or(now);
-                    w.wake_at(now + ms(cfg.batch_idle));
-                    w.wake_at(oldest + ms(cfg.batch_max));
+                    w.wake_by(now + ms(cfg.batch_idle));
+                    w.wake_by(oldest + ms(cfg.batch_max));
                 }
                 if !d.unserved.is_empty() {
-                    w.wake_at(now + 60_000);
+                    w.wake_by(now + 60_000);
                 }
             }
         }
@@ -1085,9 +1100,9 @@ impl Ours {
             .iter()
             .any(|p| matches!(p.plan, Plan::Waiting { .. }))
         {
-            w.wake_at(now + ms(self.config.batch_idle));
+            w.wake_by(now + ms(self.config.batch_idle));
             let oldest = snap.pending.iter().map(|p| p.created).min().unwrap_or(now);
-            w.wake_at(oldest + ms(self.config.batch_max));
+            w.wake_by(oldest + ms(self.config.batch_max));
         }
         if d.removals.len() >= self.config.max_scale_down_per_decision {
             w.wake_at(now + 1);
@@ -1139,6 +1154,8 @@ fn mig_view(w: &World<'_>) -> (Vec<MigNode>, Vec<MigPod>, Vec<MigPool>) {
                 changed_at: n.changed_at,
                 unschedulable: false,
                 in_flight: !n.is_ready(now),
+                cpu_free_milli: n.cpu_free,
+                memory_free_mib: n.mem_free,
                 gpus: n
                     .mig
                     .iter()
@@ -1167,6 +1184,8 @@ fn mig_view(w: &World<'_>) -> (Vec<MigNode>, Vec<MigPod>, Vec<MigPool>) {
                 created: w.pods[pi].since,
                 profile: p.clone(),
                 count: 1,
+                cpu_milli: w.pods[pi].cpu,
+                memory_mib: w.pods[pi].mem,
             }),
             _ => None,
         })
@@ -1191,6 +1210,8 @@ fn mig_view(w: &World<'_>) -> (Vec<MigNode>, Vec<MigPod>, Vec<MigPool>) {
                     .mig
                     .as_ref()
                     .map(|m| (m.config.clone(), m.per_gpu.clone())),
+                cpu_milli: p.cpu_milli,
+                memory_mib: p.memory_mib,
             }
         })
         .collect();
