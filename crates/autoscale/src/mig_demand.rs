@@ -226,9 +226,12 @@ fn slices(model: &GpuModel, profile: &str) -> u32 {
 
 /// Feasibility of "these busy instances plus exactly these counts", memoized: many GPUs of a
 /// cluster share a busy layout, and the planner is the expensive part.
+/// (model, busy instances, wanted counts).
+type PlanKey = (&'static str, Vec<(String, u32)>, Vec<(String, u32)>);
+
 #[derive(Default)]
 struct Planner {
-    memo: HashMap<(&'static str, Vec<(String, u32)>, Vec<(String, u32)>), Option<Plan>>,
+    memo: HashMap<PlanKey, Option<Plan>>,
 }
 
 impl Planner {
@@ -298,10 +301,7 @@ fn fill_gpu(
         if size == 0 {
             continue;
         }
-        loop {
-            let Some(&pi) = demand.queues.get(&profile).and_then(|q| q.front()) else {
-                break;
-            };
+        while let Some(&pi) = demand.queues.get(&profile).and_then(|q| q.front()) {
             let n = pods[pi].count.max(1);
             if used + size * n > total
                 || pods[pi].cpu_milli > budget.0
@@ -512,16 +512,38 @@ pub fn decide_mig(
             .cmp(&pods[b].created)
             .then(pods[a].key.cmp(&pods[b].key))
     });
+    // Per profile the rooms offering it, and the first one that may still have some: free
+    // counts only fall, so the exhausted prefix is skipped for good.
+    let mut by_profile: HashMap<String, (Vec<usize>, usize)> = HashMap::new();
+    for (ri, r) in rooms.iter().enumerate() {
+        for k in r.free.keys() {
+            by_profile.entry(k.clone()).or_default().0.push(ri);
+        }
+    }
     let mut demand_pods = Vec::new();
     for &pi in &order {
         let p = &pods[pi];
         let want = u64::from(p.count.max(1));
-        let room = rooms.iter_mut().find(|r| {
-            r.free.get(&p.profile).copied().unwrap_or(0) >= want
-                && r.cpu >= p.cpu_milli
-                && r.mem >= p.memory_mib
-        });
-        match room {
+        let mut room = None;
+        if let Some((list, cursor)) = by_profile.get_mut(&p.profile) {
+            while *cursor < list.len()
+                && rooms[list[*cursor]]
+                    .free
+                    .get(&p.profile)
+                    .copied()
+                    .unwrap_or(0)
+                    == 0
+            {
+                *cursor += 1;
+            }
+            room = list[*cursor..].iter().copied().find(|&ri| {
+                let r = &rooms[ri];
+                r.free.get(&p.profile).copied().unwrap_or(0) >= want
+                    && r.cpu >= p.cpu_milli
+                    && r.mem >= p.memory_mib
+            });
+        }
+        match room.map(|ri| &mut rooms[ri]) {
             Some(r) => {
                 if let Some(f) = r.free.get_mut(&p.profile) {
                     *f -= want;

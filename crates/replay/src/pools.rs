@@ -146,12 +146,9 @@ fn resolve_config(
         // Entries apply in order: the last one selecting a GPU decides its state.
         for e in &named.entries {
             let model_ok = e.filters.is_empty()
-                || e.filters.iter().any(|f| {
-                    model
-                        .pci_device_ids
-                        .iter()
-                        .any(|id| (f.device >> 16) as u16 == *id)
-                });
+                || e.filters
+                    .iter()
+                    .any(|f| model.pci_device_ids.contains(&((f.device >> 16) as u16)));
             let index_ok = match &e.devices {
                 gpuops_mig::config::Devices::All => true,
                 gpuops_mig::config::Devices::List(l) => {

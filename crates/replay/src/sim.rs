@@ -219,6 +219,9 @@ enum Ev {
     Wake,
 }
 
+/// A MIG config name and the devices per GPU it gives.
+pub(crate) type NamedLayout = (String, Vec<BTreeMap<String, u32>>);
+
 /// An action of a policy, applied by the engine.
 #[derive(Debug, Clone)]
 pub(crate) enum Action {
@@ -226,7 +229,7 @@ pub(crate) enum Action {
     Buy {
         pool: usize,
         n: u32,
-        layout: Option<(String, Vec<BTreeMap<String, u32>>)>,
+        layout: Option<NamedLayout>,
     },
     Remove(usize),
     /// Re-partition: per changed GPU, the target devices (profile, start).
@@ -472,7 +475,7 @@ impl<'a> World<'a> {
         self.last = t;
     }
 
-    fn create_node(&mut self, pool: usize, layout: Option<(String, Vec<BTreeMap<String, u32>>)>) {
+    fn create_node(&mut self, pool: usize, layout: Option<NamedLayout>) {
         let p = &self.pools.pools[pool];
         self.node_seq[pool] += 1;
         let name = format!("{}-{}", p.name, self.node_seq[pool]);
@@ -1247,7 +1250,18 @@ fn run_one(
         PolicyName::Ours => Runner::Ours(Box::new(Ours {
             state: State::default(),
             config,
-            mig: mig_on.then(|| (MigMemory::default(), MigConfig::default())),
+            // The MIG demand batches like the scale-up (1 s idle, 10 s max): the replay
+            // compares policies at equal batching.
+            mig: mig_on.then(|| {
+                (
+                    MigMemory::default(),
+                    MigConfig {
+                        batch_idle: Duration::from_secs(1),
+                        batch_max: Duration::from_secs(10),
+                        ..MigConfig::default()
+                    },
+                )
+            }),
         })),
         PolicyName::StaticMig => Runner::Ours(Box::new(Ours {
             state: State::default(),

@@ -139,10 +139,10 @@ fn mig_demand_repartitions_instead_of_buying() {
     assert_eq!(stat.mig_changes, 0);
     assert_eq!(ca.nodes_bought, 2, "{ca:?}");
     assert!(ours.gpu_hours_bought < stat.gpu_hours_bought);
-    // The small pod waited the 10 s batch window and a boot (370 s); the big one only the
-    // window and the 1 min change (70 s), not another boot.
+    // The small pod waited the 1 s batch window and a boot (361 s); the big one only the
+    // window and the 1 min change (61 s), not another boot.
     assert!(
-        close(ours.pending_pod_hours, (370.0 + 70.0) / 3600.0),
+        close(ours.pending_pod_hours, (361.0 + 61.0) / 3600.0),
         "{ours:?}"
     );
     // Off, ours keeps layouts too.
