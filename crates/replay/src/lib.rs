@@ -11,12 +11,14 @@ mod ca;
 pub mod error;
 pub mod pools;
 pub mod report;
+mod run;
 mod sim;
 pub mod trace;
 
 pub use error::ReplayError;
 pub use pools::{Fractional, PoolsFile, ReplayPool, parse_pools};
-pub use sim::{PolicyName, Progress, Replay, ReplayOptions, RunResult, Series, replay};
+pub use run::replay;
+pub use sim::{PolicyName, Progress, Replay, ReplayOptions, RunResult, Series};
 pub use trace::{TimedPod, parse_timed_pods};
 
 #[cfg(test)]
