@@ -11,7 +11,15 @@
 # the wrappers' go.mod/go.sum and the harness sources. Anything already built is reused,
 # so only the first run pays (about 13 min cold on 2 shared cores; well under a second warm).
 #
+# `build.sh capi` and `build.sh karpenter` build the autoscaling parts instead, each under a cache
+# key of its own (so adding or bumping them never rebuilds the control plane):
+#   capi:      the Cluster API core controller manager (wrapper capi/, autoscale-versions.env)
+#              and its CRDs   -> ${GPUOPS_CACHE:-$HOME/.cache/gpuops}/capi/<key>/bin{,/crds}
+#   karpenter: Karpenter with its KWOK provider (wrapper karpenter/, GOTOOLCHAIN from
+#              autoscale-versions.env) and its CRDs -> .../karpenter/<key>/bin{,/crds}
+#
 # stdout: exactly one line, `GPUOPS_K8S_BIN=<dir>` (so callers can eval it); all else on stderr.
+# (`GPUOPS_CAPI_BIN=<dir>` / `GPUOPS_KARPENTER_BIN=<dir>` for the autoscaling parts.)
 # Exit codes: 0 ok, 1 a build failed (the binary and its log are named), 2 no usable Go.
 #
 # Uses the default GOMODCACHE/GOCACHE (under $HOME, so they survive fresh clones). Needs the
@@ -44,6 +52,24 @@ check_pin helm helm.sh/helm/v3 "$HELM_VERSION"
 check_pin kubelet k8s.io/kubernetes "$K8S_VERSION"
 check_pin containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION"
 
+target=${1:-control-plane}
+case "$target" in
+  control-plane) result_var=GPUOPS_K8S_BIN; cache_dir=k8s ;;
+  capi|karpenter)
+    # shellcheck source=autoscale-versions.env
+    source "$here/autoscale-versions.env"
+    : "${CAPI_VERSION:?autoscale-versions.env: CAPI_VERSION unset}" "${KARPENTER_VERSION:?}" "${KARPENTER_GOTOOLCHAIN:?}"
+    check_pin capi sigs.k8s.io/cluster-api "$CAPI_VERSION"
+    check_pin capi sigs.k8s.io/cluster-api/api "$CAPI_VERSION"
+    check_pin karpenter sigs.k8s.io/karpenter "$KARPENTER_VERSION"
+    cache_dir=$target
+    if [ "$target" = capi ]; then result_var=GPUOPS_CAPI_BIN; else result_var=GPUOPS_KARPENTER_BIN; fi
+    ;;
+  *) die 2 "unknown part '$target' (none for the control plane, or: capi, karpenter)" ;;
+esac
+# Karpenter v1.15.0 needs Go >= 1.26.9; the toolchain comes from the Go module proxy (then cached).
+[ "$target" = karpenter ] && export GOTOOLCHAIN="$KARPENTER_GOTOOLCHAIN"
+
 have_harness=0
 [ -f "$here/harness/go.mod" ] && have_harness=1
 
@@ -74,22 +100,33 @@ if [ $have_harness = 1 ]; then
 fi
 key="$K8S_VERSION-$(printf '%s\n' "$(sha256sum < "$here/versions.env")" \
   "$key_kube" "$key_etcd" "$key_kwok" "$key_helm" "$key_harness" "$key_kubelet" "$key_containerd" | sha)"
+case "$target" in
+  capi)
+    # layout=2: webhooks.yaml next to the CRDs.
+    key_capi=$(echo "recipe=$RECIPE layout=2 $platform capi=$CAPI_VERSION $(files_hash "$here/capi/go.mod" "$here/capi/go.sum")" | sha)
+    key="$CAPI_VERSION-$key_capi" ;;
+  karpenter)
+    key_karpenter=$(echo "recipe=$RECIPE $platform karpenter=$KARPENTER_VERSION go=$KARPENTER_GOTOOLCHAIN $(files_hash "$here/karpenter/go.mod" "$here/karpenter/go.sum")" | sha)
+    key="$KARPENTER_VERSION-$key_karpenter" ;;
+esac
 
-root="${GPUOPS_CACHE:-$HOME/.cache/gpuops}/k8s"
+root="${GPUOPS_CACHE:-$HOME/.cache/gpuops}/$cache_dir"
 out="$root/$key/bin"
 logs="$root/$key/logs"
 
 # --- fast path: everything already there --------------------------------------------------
-complete_ok() { # all binaries listed in $out/.complete exist and are executable
+complete_ok() { # all binaries listed in $out/.complete exist and are executable (.yaml: exist)
   local b
   [ -f "$out/.complete" ] || return 1
-  while read -r b; do [ -n "$b" ] && { [ -x "$out/$b" ] || return 1; }; done < "$out/.complete"
+  while read -r b; do
+    [ -n "$b" ] && { [ -x "$out/$b" ] || { [[ $b == *.yaml ]] && [ -f "$out/$b" ]; } || return 1; }
+  done < "$out/.complete"
   return 0
 }
 if complete_ok; then
   touch "$root/$key" 2>/dev/null || true      # marks it in use (see pruning below)
   say "up to date: $out ($((SECONDS - start_all))s)"
-  echo "GPUOPS_K8S_BIN=$out" >&3
+  echo "$result_var=$out" >&3
   exit 0
 fi
 
@@ -113,8 +150,12 @@ fi
 export GOWORK=off CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 
 # Refuse a Go older than what the wrappers ask for, with a plain message (rather than go's own).
-need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here"/{kube,etcd,kwok,helm,kubelet,containerd}/go.mod \
-  $( [ $have_harness = 1 ] && echo "$here/harness/go.mod") | sort -V | tail -1)
+if [ "$target" = control-plane ]; then
+  need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here"/{kube,etcd,kwok,helm,kubelet,containerd}/go.mod \
+    $( [ $have_harness = 1 ] && echo "$here/harness/go.mod") | sort -V | tail -1)
+else
+  need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here/$target/go.mod")
+fi
 have_go=$(go env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9.]*\).*/\1/p')
 if [ -z "$have_go" ] || [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -1)" != "$need_go" ]; then
   # GOTOOLCHAIN=goX.Y.Z (set by the caller) is allowed to fetch a newer toolchain
@@ -135,7 +176,7 @@ if command -v flock >/dev/null 2>&1; then
   have_lock=1
   if complete_ok; then
     say "up to date (built by another run): $out"
-    echo "GPUOPS_K8S_BIN=$out" >&3
+    echo "$result_var=$out" >&3
     exit 0
   fi
 fi
@@ -195,6 +236,7 @@ build_one() { # group group-key module-dir name package ldflags
   built_names+=("$name")
 }
 
+build_control_plane() {
 for c in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
   build_one kube "$key_kube" "$here/kube" "$c" "k8s.io/kubernetes/cmd/$c" "$kube_ldflags"
 done
@@ -234,6 +276,7 @@ if [ $have_harness = 1 ]; then
     say "harness: harness/go.mod but no harness/cmd/; nothing to build"
   fi
 fi
+}
 
 # Quick sanity: each binary starts and reports a version (first line of its output).
 check_version() { # name args...
@@ -241,15 +284,57 @@ check_version() { # name args...
   v=$("$out/$name" "$@" 2>&1) || { printf '%s\n' "$v" | sed 's/^/    /' >&2; die 1 "$out/$name $* failed"; }
   say "$name $*: ${v%%$'\n'*}"
 }
-for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok kubelet containerd ctr; do check_version "$b" --version; done
-check_version containerd-shim-runc-v2 -v
-check_version kubectl version --client
-check_version helm version --short
 
-{
-  echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION containerd=$CONTAINERD_VERSION"
-  echo "kube=$key_kube etcd=$key_etcd kwok=$key_kwok helm=$key_helm harness=$key_harness kubelet=$key_kubelet containerd=$key_containerd"
-} > "$root/$key/BUILD-INFO"
+# The CRDs as the module ships them (config/crd/bases: no conversion webhook, which only the
+# kustomize patches add), copied next to the binary so tests need no module cache. Copied into the
+# temp dir and renamed into place like the binaries.
+copy_crds() { # module@version dirs-inside-the-module...
+  local mod=$1 dir src; shift
+  src=$(cd "$here/$target" && go mod download -json "$mod" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  [ -d "$src" ] || die 1 "cannot find $mod in the module cache (go mod download $mod)"
+  mkdir -p "$tmp/crds"
+  for dir in "$@"; do
+    cp "$src/$dir"/*.yaml "$tmp/crds/" || die 1 "no CRDs in $src/$dir"
+  done
+  rm -rf "$out/crds.old"; [ -d "$out/crds" ] && mv "$out/crds" "$out/crds.old"
+  mv "$tmp/crds" "$out/crds"; rm -rf "$out/crds.old"
+  say "crds: $(ls "$out/crds" | wc -l) files from $mod"
+  built_names+=(crds)
+}
+
+case "$target" in
+  control-plane)
+    build_control_plane
+    for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok kubelet containerd ctr; do check_version "$b" --version; done
+    check_version containerd-shim-runc-v2 -v
+    check_version kubectl version --client
+    check_version helm version --short
+    {
+      echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION containerd=$CONTAINERD_VERSION"
+      echo "kube=$key_kube etcd=$key_etcd kwok=$key_kwok helm=$key_helm harness=$key_harness kubelet=$key_kubelet containerd=$key_containerd"
+    } > "$root/$key/BUILD-INFO"
+    ;;
+  capi)
+    capi_ldflags="-s -w"
+    for p in sigs.k8s.io/cluster-api/version; do
+      capi_ldflags+=" -X $p.gitVersion=$CAPI_VERSION -X $p.gitTreeState=clean"
+    done
+    build_one capi "$key_capi" "$here/capi" capi-manager sigs.k8s.io/cluster-api/core "$capi_ldflags"
+    check_version capi-manager --help   # it has no --version; --help proves it starts
+    copy_crds "sigs.k8s.io/cluster-api@$CAPI_VERSION" core/config/crd/bases
+    # The webhook configurations (defaulting, validation), pointed at the manager by the test bed.
+    cp "$(cd "$here/capi" && go mod download -json "sigs.k8s.io/cluster-api@$CAPI_VERSION" |
+      sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/core/config/webhook/manifests.yaml" "$tmp/webhooks.yaml"
+    mv -f "$tmp/webhooks.yaml" "$out/webhooks.yaml"
+    built_names+=(webhooks.yaml)
+    { echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "capi=$CAPI_VERSION"; } > "$root/$key/BUILD-INFO"
+    ;;
+  karpenter)
+    build_one karpenter "$key_karpenter" "$here/karpenter" karpenter-kwok sigs.k8s.io/karpenter/kwok "-s -w"
+    copy_crds "sigs.k8s.io/karpenter@$KARPENTER_VERSION" pkg/apis/crds kwok/apis/crds
+    { echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "karpenter=$KARPENTER_VERSION"; } > "$root/$key/BUILD-INFO"
+    ;;
+esac
 printf '%s\n' "${built_names[@]}" > "$tmp/complete"
 mv -f "$tmp/complete" "$out/.complete"
 touch "$root/$key"
@@ -261,4 +346,4 @@ find "$root" -mindepth 1 -maxdepth 1 -type d -name 'v*-*' ! -name "$key" -mtime 
 find "$root/parts" -mindepth 1 -maxdepth 1 -type d -mtime "+$keep_days" -exec rm -rf {} + || true
 
 say "done in $((SECONDS - start_all))s: $out"
-echo "GPUOPS_K8S_BIN=$out" >&3
+echo "$result_var=$out" >&3

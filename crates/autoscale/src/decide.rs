@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, HashMap};
 /// One place a pod can go: a ready node, a node in flight, or a new node.
 struct Bin<'a> {
     name: String,
-    pool: Option<&'a str>,
     labels: &'a BTreeMap<String, String>,
     taints: &'a [Taint],
     gpu_resource: &'a str,
@@ -99,7 +98,10 @@ fn static_misfit(
     taints: &[Taint],
     gpu_resource: &str,
 ) -> Option<String> {
-    if let Some(t) = fit::untolerated(&pod.tolerations, taints).first() {
+    if let Some(t) = taints
+        .iter()
+        .find(|t| t.blocks() && !pod.tolerations.iter().any(|x| fit::tolerates(x, t)))
+    {
         return Some(format!("taint {t} not tolerated"));
     }
     if let Some(why) = pod.constraints.mismatch(name, labels) {
@@ -113,6 +115,21 @@ fn static_misfit(
         });
     }
     None
+}
+
+/// [`static_misfit`] without building the explanation (the hot path).
+fn static_fits(
+    pod: &PendingPod,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    taints: &[Taint],
+    gpu_resource: &str,
+) -> bool {
+    taints
+        .iter()
+        .all(|t| !t.blocks() || pod.tolerations.iter().any(|x| fit::tolerates(x, t)))
+        && pod.constraints.admits(name, labels)
+        && (pod.gpu_count == 0 || pod.gpu_resource == gpu_resource)
 }
 
 /// Why an empty node of the template cannot take the pod, if it cannot.
@@ -163,7 +180,6 @@ fn template_bin<'a>(name: String, pool: &'a Pool) -> (Bin<'a>, NodeSpec) {
     (
         Bin {
             name,
-            pool: Some(&pool.name),
             labels: &t.labels,
             taints: &t.taints,
             gpu_resource: &t.gpu_resource,
@@ -197,7 +213,6 @@ fn existing_group(nodes: &[Node]) -> (Group<'_>, Vec<usize>) {
         });
         bins.push(Bin {
             name: n.name.clone(),
-            pool: n.pool.as_deref(),
             labels: &n.labels,
             taints: &n.taints,
             gpu_resource: &n.gpu_resource,
@@ -308,9 +323,11 @@ fn timeouts(
             message,
         });
     }
+    let names: std::collections::HashSet<&str> =
+        snap.machines.iter().map(|m| m.name.as_str()).collect();
     state
         .timed_out
-        .retain(|name, _| snap.machines.iter().any(|m| &m.name == name));
+        .retain(|name, _| names.contains(name.as_str()));
     timed
 }
 
@@ -345,17 +362,17 @@ pub(crate) fn scale_up(
         .backoff
         .retain(|_, b| now < b.until.saturating_add(ms(cfg.backoff_max)));
 
-    // In flight: machines not timed out, plus replicas no Machine stands for yet.
-    let mut flight_bins = Vec::new();
-    let mut flight_specs = Vec::new();
+    // In flight: machines not timed out, plus replicas no Machine stands for yet. Within a pool
+    // these are identical empty template nodes, so only the pool order matters; sorting by pool
+    // keeps the placement the same whether a node is a raised replica, a provisioning Machine or
+    // a node waiting for its devices, which is what keeps the next decision from buying again.
+    let mut slots: Vec<(&Pool, String)> = Vec::new();
     let mut per_stage: BTreeMap<(String, Option<crate::model::Stage>), u32> = BTreeMap::new();
     for (m, _) in snap.machines.iter().zip(&timed).filter(|(_, t)| !**t) {
         let Some(pool) = pools.get(m.pool.as_str()) else {
             continue;
         };
-        let (b, s) = template_bin(m.name.clone(), pool);
-        flight_bins.push(b);
-        flight_specs.push(s);
+        slots.push((pool, m.name.clone()));
         *per_stage
             .entry((m.pool.clone(), Some(m.stage)))
             .or_default() += 1;
@@ -369,9 +386,7 @@ pub(crate) fn scale_up(
         let machines = snap.machines.iter().filter(|m| m.pool == pool.name).count();
         let have = u32::try_from(ready + machines).unwrap_or(u32::MAX);
         for k in 0..pool.replicas.saturating_sub(have) {
-            let (b, s) = template_bin(format!("{}#{}", pool.name, k + 1), pool);
-            flight_bins.push(b);
-            flight_specs.push(s);
+            slots.push((pool, format!("{}#{}", pool.name, k + 1)));
             *per_stage.entry((pool.name.clone(), None)).or_default() += 1;
         }
     }
@@ -379,12 +394,6 @@ pub(crate) fn scale_up(
         .into_iter()
         .map(|((pool, stage), count)| InFlight { pool, stage, count })
         .collect();
-
-    let (mut existing, existing_index) = existing_group(&snap.nodes);
-    let mut flight = Group::new(flight_bins, &flight_specs);
-    let mut fresh: Vec<Group<'_>> = Vec::new();
-    let mut opened: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    let mut used_existing = vec![false; snap.nodes.len()];
 
     let newest = snap.pending.iter().map(|p| p.created).max().unwrap_or(0);
     let oldest = snap.pending.iter().map(|p| p.created).min().unwrap_or(0);
@@ -400,171 +409,238 @@ pub(crate) fn scale_up(
             .then(pa.key.cmp(&pb.key))
     });
 
-    // Static feasibility per class of pods, and per exact shape the first bin worth trying:
-    // capacity only shrinks during a decision, so a bin that refused a shape refuses it again.
-    let mut classes: HashMap<ClassKey, (Vec<usize>, bool)> = HashMap::new();
-    let mut cursor: HashMap<(ClassKey, PodReq, Vec<(String, u64)>), usize> = HashMap::new();
-    let mut plans: Vec<Option<PodPlan>> = vec![None; snap.pending.len()];
+    // Pods with the same class (tolerations, constraints, GPU resource) pass the same static
+    // filters; pods with the same shape (class and resources) fit the same bins. Interned once
+    // so the loops below index vectors instead of hashing keys.
+    let mut shape_ids: HashMap<ShapeKey, usize> = HashMap::new();
+    let mut class_ids: HashMap<ClassKey, usize> = HashMap::new();
+    let mut shape_of = vec![0usize; snap.pending.len()];
+    let mut class_of = vec![0usize; snap.pending.len()];
+    for (i, pod) in snap.pending.iter().enumerate() {
+        let key = shape_key(pod);
+        let next_class = class_ids.len();
+        class_of[i] = match class_ids.get(&key.0) {
+            Some(c) => *c,
+            None => {
+                class_ids.insert(key.0.clone(), next_class);
+                next_class
+            }
+        };
+        let next = shape_ids.len();
+        shape_of[i] = *shape_ids.entry(key).or_insert(next);
+    }
+    let n_shapes = shape_ids.len();
+    drop(shape_ids);
 
+    // 1. Free capacity on ready nodes. Static feasibility is computed once per class of pods,
+    // and per shape the first node worth trying is remembered: capacity only shrinks during a
+    // decision, so a node that refused a shape refuses it again.
+    let (mut existing, existing_index) = existing_group(&snap.nodes);
+    let mut used_existing = vec![false; snap.nodes.len()];
+    let mut classes: Vec<Option<Vec<usize>>> = vec![None; class_ids.len()];
+    let mut cursor = vec![0usize; n_shapes];
+    let mut plans: Vec<Option<PodPlan>> = vec![None; snap.pending.len()];
+    let mut rest: Vec<usize> = Vec::new();
     for &pi in &order {
         let pod = &snap.pending[pi];
-        let class: ClassKey = (
-            pod.tolerations.clone(),
-            pod.constraints.clone(),
-            pod.gpu_resource.clone(),
-        );
-        let (candidates, replicas_differ) = classes.entry(class.clone()).or_insert_with(|| {
-            let list: Vec<usize> = existing
+        let candidates = classes[class_of[pi]].get_or_insert_with(|| {
+            existing
                 .bins
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| {
-                    static_misfit(pod, &b.name, b.labels, b.taints, b.gpu_resource).is_none()
-                })
+                .filter(|(_, b)| static_fits(pod, &b.name, b.labels, b.taints, b.gpu_resource))
                 .map(|(i, _)| i)
-                .collect();
-            // With mixed replica counts one pod's demand differs per node, so the cursor is
-            // only sound when every candidate shares the same count.
-            let differ = list
-                .windows(2)
-                .any(|w| existing.bins[w[0]].gpu_replicas != existing.bins[w[1]].gpu_replicas);
-            (list, differ)
+                .collect()
         });
-        let replicas_differ = *replicas_differ;
-        // 1. Free capacity on ready nodes.
+        // Per bin the demand of one ask is fixed (it depends on the bin's replicas) and bins
+        // only fill up, so a bin that refused this exact ask refuses it for the rest of the
+        // decision: the cursor is sound even across nodes with different replica counts.
+        let start = cursor[shape_of[pi]];
         let mut placed = None;
-        {
-            let shape_req = pod.ask().request(1);
-            let scal: Vec<(String, u64)> =
-                pod.scalars.iter().map(|(k, v)| (k.clone(), *v)).collect();
-            let key = (class.clone(), shape_req, scal);
-            let start = if replicas_differ {
-                0
-            } else {
-                cursor.get(&key).copied().unwrap_or(0)
-            };
-            for (ci, &bi) in candidates.iter().enumerate().skip(start) {
-                let req = pod.ask().request(existing.bins[bi].gpu_replicas);
-                if existing.fits(bi, pod, &req) && existing.place(bi, pod, &req) {
-                    placed = Some(bi);
-                    if !replicas_differ {
-                        cursor.insert(key.clone(), ci);
-                    }
-                    break;
-                }
-            }
-            if placed.is_none() && !replicas_differ {
-                cursor.insert(key, candidates.len());
+        for (ci, &bi) in candidates.iter().enumerate().skip(start) {
+            let req = pod.ask().request(existing.bins[bi].gpu_replicas);
+            if existing.fits(bi, pod, &req) && existing.place(bi, pod, &req) {
+                placed = Some((ci, bi));
+                break;
             }
         }
-        if let Some(bi) = placed {
-            used_existing[existing_index[bi]] = true;
-            let node = existing.bins[bi].name.clone();
-            plans[pi] = Some(PodPlan {
-                pod: pod.key.clone(),
-                message: format!("fits free capacity on node {node}"),
-                plan: Plan::Existing { node },
-            });
-            continue;
-        }
-        // 2. Nodes in flight.
-        if let Some(bi) = first_fit(&mut flight, pod) {
-            let b = &flight.bins[bi];
-            let pool = b.pool.unwrap_or_default().to_string();
-            plans[pi] = Some(PodPlan {
-                pod: pod.key.clone(),
-                message: format!("waits for node {} of pool {pool} already in flight", b.name),
-                plan: Plan::InFlight {
-                    pool,
-                    slot: b.name.clone(),
-                },
-            });
-            continue;
-        }
-        // 3. New nodes opened by this decision, then the cheapest feasible pool.
-        if let Some((gi, bi)) = fresh
-            .iter_mut()
-            .enumerate()
-            .find_map(|(gi, g)| first_fit(g, pod).map(|bi| (gi, bi)))
-        {
-            let pool = fresh[gi].bins[bi].pool.unwrap_or_default().to_string();
-            plans[pi] = Some(new_plan(pod, &pool, batch_open, &opened));
-            if let Some(list) = opened.get_mut(pool.as_str()) {
-                list.push(pod.key.clone());
+        cursor[shape_of[pi]] = placed.map_or(candidates.len(), |(ci, _)| ci);
+        match placed {
+            Some((_, bi)) => {
+                used_existing[existing_index[bi]] = true;
+                let node = existing.bins[bi].name.clone();
+                plans[pi] = Some(PodPlan {
+                    pod: pod.key.clone(),
+                    message: format!("fits free capacity on node {node}"),
+                    plan: Plan::Existing { node },
+                });
             }
-            continue;
-        }
-        let mut reasons = Vec::new();
-        let mut best: Option<&Pool> = None;
-        for pool in &snap.pools {
-            let n_open = fresh_count(&fresh, &pool.name);
-            let why = if let Some(why) = template_misfit(&pool.template, pod) {
-                Some(why)
-            } else if pool.replicas.saturating_add(n_open) >= pool.max {
-                Some(format!("at its maximum size {}", pool.max))
-            } else if let Some(b) = state.backoff.get(&pool.name).filter(|b| b.until > now) {
-                Some(format!(
-                    "backed off for {} more after {} timed-out node(s)",
-                    human(b.until - now),
-                    b.failures
-                ))
-            } else {
-                None
-            };
-            match why {
-                Some(w) => reasons.push(format!("pool {}: {w}", pool.name)),
-                None => {
-                    if best.is_none_or(|b| cheaper(pool, b)) {
-                        best = Some(pool);
-                    }
-                }
-            }
-        }
-        match best {
-            Some(pool) => {
-                let (b, s) = template_bin(
-                    format!("{}+{}", pool.name, fresh_count(&fresh, &pool.name) + 1),
-                    pool,
-                );
-                let mut g = Group::new(vec![b], &[s]);
-                let req = pod.ask().request(g.bins[0].gpu_replicas);
-                if g.fits(0, pod, &req) && g.place(0, pod, &req) {
-                    fresh.push(g);
-                    opened
-                        .entry(pool.name.as_str())
-                        .or_default()
-                        .push(pod.key.clone());
-                    let mut plan = new_plan(pod, &pool.name, batch_open, &opened);
-                    if !reasons.is_empty() {
-                        plan.message =
-                            format!("{} (other pools: {})", plan.message, reasons.join("; "));
-                    }
-                    plans[pi] = Some(plan);
-                } else {
-                    // The template check said it fits; a disagreement means the engine's
-                    // limits (e.g. more than 64 GPUs) refuse the template.
-                    plans[pi] = Some(unschedulable(
-                        pod,
-                        vec![format!(
-                            "pool {}: the packing engine cannot model its nodes",
-                            pool.name
-                        )],
-                        &snap.skipped_pools,
-                    ));
-                }
-            }
-            None => plans[pi] = Some(unschedulable(pod, reasons, &snap.skipped_pools)),
+            None => rest.push(pi),
         }
     }
 
-    // Scale-ups: one per pool, by the number of new nodes opened for it.
+    // 2. Nodes in flight, then new nodes: buy for what does not fit, then check that the
+    // in-flight nodes plus what was bought hold everything when placed as the next decision
+    // will place them (all bins present from the start, in pool order); buy again for what
+    // still does not fit. First-fit with bins appended converges in a few rounds.
+    let mut bought: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut openers: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut reasons_of: HashMap<usize, Vec<String>> = HashMap::new();
+    let mut final_place: Vec<Option<(String, String, bool)>> = vec![None; snap.pending.len()];
+    for _round in 0..6 {
+        let mut all: Vec<(&Pool, String, bool)> =
+            slots.iter().map(|(p, n)| (*p, n.clone(), false)).collect();
+        for (pool, n) in &bought {
+            if let Some(p) = pools.get(pool) {
+                for k in 0..*n {
+                    all.push((p, format!("{pool}+{}", k + 1), true));
+                }
+            }
+        }
+        all.sort_by(|a, b| pool_order(a.0, b.0).then(a.2.cmp(&b.2)).then(a.1.cmp(&b.1)));
+        let mut bins = Vec::with_capacity(all.len());
+        let mut specs = Vec::with_capacity(all.len());
+        for (p, n, _) in &all {
+            let (b, s) = template_bin(n.clone(), p);
+            bins.push(b);
+            specs.push(s);
+        }
+        let mut flight = Group::new(bins, &specs);
+        let mut unplaced = Vec::new();
+        let mut fcursor = vec![0usize; n_shapes];
+        for &pi in &rest {
+            let pod = &snap.pending[pi];
+            match first_fit(&mut flight, pod, &mut fcursor[shape_of[pi]]) {
+                Some(bi) => {
+                    let (p, n, new) = &all[bi];
+                    final_place[pi] = Some((p.name.clone(), n.clone(), *new));
+                }
+                None => {
+                    final_place[pi] = None;
+                    unplaced.push(pi);
+                }
+            }
+        }
+        if unplaced.is_empty() {
+            break;
+        }
+        // Open new nodes for the unplaced pods: first-fit over the ones opened in this round,
+        // else the cheapest feasible pool with room.
+        let mut fresh: Vec<Group<'_>> = Vec::new();
+        let mut opened_any = false;
+        let mut ncursor = vec![0usize; n_shapes];
+        for &pi in &unplaced {
+            let pod = &snap.pending[pi];
+            let start = ncursor[shape_of[pi]];
+            let hit =
+                (start..fresh.len()).find(|&gi| first_fit_from(&mut fresh[gi], pod, 0).is_some());
+            ncursor[shape_of[pi]] = hit.unwrap_or(fresh.len());
+            if hit.is_some() {
+                continue;
+            }
+            let mut reasons = Vec::new();
+            let mut best: Option<&Pool> = None;
+            for pool in &snap.pools {
+                let n_open = bought.get(pool.name.as_str()).copied().unwrap_or(0);
+                let why = if let Some(why) = template_misfit(&pool.template, pod) {
+                    Some(why)
+                } else if pool.replicas.saturating_add(n_open) >= pool.max {
+                    Some(format!("at its maximum size {}", pool.max))
+                } else {
+                    state
+                        .backoff
+                        .get(&pool.name)
+                        .filter(|b| b.until > now)
+                        .map(|b| {
+                            format!(
+                                "backed off for {} more after {} timed-out node(s)",
+                                human(b.until - now),
+                                b.failures
+                            )
+                        })
+                };
+                match why {
+                    Some(w) => reasons.push(format!("pool {}: {w}", pool.name)),
+                    None => {
+                        if best.is_none_or(|b| cheaper(pool, b)) {
+                            best = Some(pool);
+                        }
+                    }
+                }
+            }
+            match best {
+                Some(pool) => {
+                    let (b, s) = template_bin(format!("{}+new", pool.name), pool);
+                    let mut g = Group::new(vec![b], &[s]);
+                    if first_fit_from(&mut g, pod, 0).is_some() {
+                        fresh.push(g);
+                        *bought.entry(pool.name.as_str()).or_default() += 1;
+                        openers
+                            .entry(pool.name.as_str())
+                            .or_default()
+                            .push(pod.key.clone());
+                        opened_any = true;
+                        reasons_of.insert(pi, reasons);
+                    } else {
+                        // The template check said it fits; the engine's own limits disagree.
+                        reasons_of.insert(
+                            pi,
+                            vec![format!(
+                                "pool {}: the packing engine cannot model its nodes",
+                                pool.name
+                            )],
+                        );
+                    }
+                }
+                None => {
+                    reasons_of.insert(pi, reasons);
+                }
+            }
+        }
+        if !opened_any {
+            break;
+        }
+    }
+
+    let mut for_pool: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for &pi in &rest {
+        let pod = &snap.pending[pi];
+        plans[pi] = Some(match &final_place[pi] {
+            Some((pool, slot, false)) => PodPlan {
+                pod: pod.key.clone(),
+                message: format!("waits for node {slot} of pool {pool} already in flight"),
+                plan: Plan::InFlight {
+                    pool: pool.clone(),
+                    slot: slot.clone(),
+                },
+            },
+            Some((pool, _, true)) => {
+                for_pool
+                    .entry(pool.clone())
+                    .or_default()
+                    .push(pod.key.clone());
+                let mut plan = new_plan(pod, pool, batch_open);
+                if let Some(r) = reasons_of.get(&pi).filter(|r| !r.is_empty()) {
+                    plan.message = format!("{} (other pools: {})", plan.message, r.join("; "));
+                }
+                plan
+            }
+            None => unschedulable(
+                pod,
+                reasons_of.remove(&pi).unwrap_or_default(),
+                &snap.skipped_pools,
+            ),
+        });
+    }
+
+    // Scale-ups: one per pool, by the number of new nodes bought for it.
     if !batch_open {
         for pool in &snap.pools {
-            let n = fresh_count(&fresh, &pool.name);
+            let n = bought.get(pool.name.as_str()).copied().unwrap_or(0);
             if n == 0 {
                 continue;
             }
-            let pods = opened.get(pool.name.as_str()).cloned().unwrap_or_default();
+            let pods = for_pool.remove(&pool.name).unwrap_or_default();
             let to = pool.replicas + n;
             out.scale_ups.push(ScaleUp {
                 pool: pool.name.clone(),
@@ -580,6 +656,7 @@ pub(crate) fn scale_up(
                     abbreviate(&pods)
                 ),
                 pods,
+                triggered_by: openers.remove(pool.name.as_str()).unwrap_or_default(),
             });
         }
     }
@@ -619,41 +696,52 @@ pub(crate) fn scale_up(
     used_existing
 }
 
-fn first_fit(g: &mut Group<'_>, pod: &PendingPod) -> Option<usize> {
-    (0..g.bins.len()).find(|&i| {
+type ShapeKey = (ClassKey, PodReq, Vec<(String, u64)>);
+
+/// Everything that decides whether a pod fits a bin: its class and its resources.
+fn shape_key(pod: &PendingPod) -> ShapeKey {
+    (
+        (
+            pod.tolerations.clone(),
+            pod.constraints.clone(),
+            pod.gpu_resource.clone(),
+        ),
+        pod.ask().request(1),
+        pod.scalars.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+    )
+}
+
+/// First bin of `g` that takes the pod, placing it there; `cursor` remembers per shape where
+/// to start (bins before it refused the shape and still do).
+fn first_fit(g: &mut Group<'_>, pod: &PendingPod, cursor: &mut usize) -> Option<usize> {
+    let hit = first_fit_from(g, pod, *cursor);
+    *cursor = hit.unwrap_or(g.bins.len());
+    hit
+}
+
+fn first_fit_from(g: &mut Group<'_>, pod: &PendingPod, start: usize) -> Option<usize> {
+    (start..g.bins.len()).find(|&i| {
         let b = &g.bins[i];
-        static_misfit(pod, &b.name, b.labels, b.taints, b.gpu_resource).is_none() && {
+        static_fits(pod, &b.name, b.labels, b.taints, b.gpu_resource) && {
             let req = pod.ask().request(b.gpu_replicas);
             g.fits(i, pod, &req) && g.place(i, pod, &req)
         }
     })
 }
 
-fn fresh_count(fresh: &[Group<'_>], pool: &str) -> u32 {
-    u32::try_from(
-        fresh
-            .iter()
-            .filter(|g| g.bins.first().and_then(|b| b.pool) == Some(pool))
-            .count(),
-    )
-    .unwrap_or(u32::MAX)
-}
-
-/// Cheaper per node-hour; ties go to fewer GPUs (less waste), then the name (determinism).
-fn cheaper(a: &Pool, b: &Pool) -> bool {
+/// Cheaper per node-hour first; ties go to fewer GPUs (less waste), then the name (determinism).
+fn pool_order(a: &Pool, b: &Pool) -> std::cmp::Ordering {
     a.price_per_hour
         .total_cmp(&b.price_per_hour)
         .then(a.template.gpus.cmp(&b.template.gpus))
         .then(a.name.cmp(&b.name))
-        .is_lt()
 }
 
-fn new_plan(
-    pod: &PendingPod,
-    pool: &str,
-    batch_open: bool,
-    _opened: &BTreeMap<&str, Vec<String>>,
-) -> PodPlan {
+fn cheaper(a: &Pool, b: &Pool) -> bool {
+    pool_order(a, b).is_lt()
+}
+
+fn new_plan(pod: &PendingPod, pool: &str, batch_open: bool) -> PodPlan {
     if batch_open {
         PodPlan {
             pod: pod.key.clone(),

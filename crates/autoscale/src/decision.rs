@@ -30,8 +30,11 @@ pub struct ScaleUp {
     pub pool: String,
     pub from: u32,
     pub to: u32,
-    /// Pods the new nodes are for.
+    /// Pods planned onto the new nodes.
     pub pods: Vec<String>,
+    /// The pods that made the decision open each new node (one per node): none of them fits
+    /// what is free or in flight, and this pool was the cheapest feasible one with room.
+    pub triggered_by: Vec<String>,
     pub message: String,
 }
 

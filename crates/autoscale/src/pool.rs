@@ -242,12 +242,9 @@ fn mig_layout(
         // Entries apply in order, so the last one selecting a GPU decides its state.
         for e in &named.entries {
             let selects_model = e.filters.is_empty()
-                || e.filters.iter().any(|f| {
-                    model
-                        .pci_device_ids
-                        .iter()
-                        .any(|id| (f.device >> 16) as u16 == *id)
-                });
+                || e.filters
+                    .iter()
+                    .any(|f| model.pci_device_ids.contains(&((f.device >> 16) as u16)));
             let selects_index = match &e.devices {
                 gpuops_mig::config::Devices::All => true,
                 gpuops_mig::config::Devices::List(l) => l.contains(&(g as u32)),

@@ -74,9 +74,11 @@ pub(crate) fn scale_down(
             }
         }
     }
+    let names: std::collections::HashSet<&str> =
+        snap.nodes.iter().map(|n| n.name.as_str()).collect();
     state
         .unneeded_since
-        .retain(|name, _| snap.nodes.iter().any(|n| &n.name == name));
+        .retain(|name, _| names.contains(name.as_str()));
     candidates.sort_by(|a, b| {
         a.0.cmp(&b.0)
             .then(snap.nodes[a.1].name.cmp(&snap.nodes[b.1].name))

@@ -56,6 +56,8 @@ enum Command {
     Cdi(cmd::cdi::Args),
     Simulate(cmd::simulate::Args),
     SchedulerExtender(cmd::extender::Args),
+    Controller(cmd::controller::Args),
+    Autoscaler(cmd::autoscaler::Args),
     Doctor(cmd::doctor::Args),
     Top(cmd::top::Args),
     Manifests(cmd::manifests::Args),
@@ -67,7 +69,7 @@ fn main() -> ExitCode {
     // kubectl runs plugins as `kubectl-gpu`: same binary, same commands.
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Agent(_) | Command::Exporter(_) => "info",
+        Command::Agent(_) | Command::Exporter(_) | Command::Controller(_) => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -95,6 +97,8 @@ fn main() -> ExitCode {
         Command::Cdi(args) => cmd::cdi::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::SchedulerExtender(args) => cmd::extender::run(args),
+        Command::Controller(args) => cmd::controller::run(args),
+        Command::Autoscaler(args) => cmd::autoscaler::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Top(args) => cmd::top::run(args),
         Command::Manifests(args) => cmd::manifests::run(args),

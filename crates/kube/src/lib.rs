@@ -7,12 +7,14 @@
 
 mod client;
 mod error;
+mod lease;
 mod node;
 mod time;
 mod watch;
 
 pub use client::{ClientOptions, DEFAULT_REQUEST_TIMEOUT};
 pub use error::KubeError;
+pub use lease::{LeaseOptions, elect};
 pub use node::{NodeWriter, TaintWanted};
 pub use time::{now_secs, rfc3339};
 pub use watch::{list_all, strip_managed_fields, watch_node};

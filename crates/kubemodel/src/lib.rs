@@ -239,8 +239,33 @@ fn effective(pod: &Pod, name: &str, conv: fn(&Quantity) -> u64) -> u64 {
     sum.max(init)
 }
 
+/// Every resource the pod requests, with Kubernetes' effective-request rule (the larger of the
+/// containers' sum and the largest init container), as numbers (CPU in cores, memory in bytes).
 #[cfg(feature = "k8s")]
+pub fn requests(pod: &Pod) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    let Some(spec) = &pod.spec else {
+        return out;
+    };
+    for c in &spec.containers {
+        for (k, q) in container_requests(c) {
+            *out.entry(k).or_insert(0.0) += quantity(&q.0).unwrap_or(0.0);
+        }
+    }
+    for c in spec.init_containers.iter().flatten() {
+        for (k, q) in container_requests(c) {
+            let v = quantity(&q.0).unwrap_or(0.0);
+            let e = out.entry(k).or_insert(0.0);
+            if v > *e {
+                *e = v;
+            }
+        }
+    }
+    out
+}
+
 /// What `pod` asks for.
+#[cfg(feature = "k8s")]
 pub fn pod_ask(pod: &Pod) -> PodAsk {
     let milli = pod
         .metadata

@@ -41,6 +41,9 @@ pub struct ClusterOptions {
     /// Serve the apiserver on every address, not only loopback: pods of a [`crate::RealNode`]
     /// on the bridge network reach it at the node's address (there is no kube-proxy).
     pub all_addresses: bool,
+    /// Extra kube-apiserver flags (e.g. the feature gate and API group that
+    /// [`crate::Karpenter`] needs, see [`crate::KarpenterOptions::apiserver_args`]).
+    pub apiserver_args: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -52,6 +55,7 @@ impl Default for ClusterOptions {
             users: Vec::new(),
             scheduler_config: None,
             all_addresses: false,
+            apiserver_args: Vec::new(),
         }
     }
 }
@@ -153,6 +157,7 @@ impl Cluster {
             "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
         ]);
+        api_cmd.args(&options.apiserver_args);
         let apiserver =
             Managed::spawn("kube-apiserver", api_cmd, &root.join("kube-apiserver.log"))?;
 

@@ -8,13 +8,21 @@
 //! [`Cluster`] (or [`HarnessNode`]) is dropped — also when a test panics.
 #![forbid(unsafe_code)]
 
+mod capi;
 mod cluster;
 mod harness;
+mod infra;
+mod karpenter;
+mod kubectl;
 mod process;
 mod real_node;
+pub mod scenario;
 
+pub use capi::{CAPI_BIN_ENV, CapiOptions, ClusterApi, DELETE_MACHINE, MachineInfo, PoolSpec};
 pub use cluster::{Cluster, ClusterOptions, User};
 pub use harness::{Allocation, HarnessNode, TestPlugin};
+pub use infra::{MACHINE_LABEL, NodeShape, PROVIDER_ID_PREFIX, STARTUP_TAINT};
+pub use karpenter::{InstanceType, KARPENTER_BIN_ENV, Karpenter, KarpenterOptions, NodeClaimInfo};
 pub use process::{RUN_DIR_ENV, start_time};
 pub use real_node::{NodeImages, RealNode, RealNodeOptions, node_images};
 
@@ -31,6 +39,14 @@ pub enum BedError {
          the first build takes 15-30 minutes, later ones seconds), or run scripts/test which does it"
     )]
     NoBinaries,
+    #[error(
+        "{var} is not set: build it with `eval $(tests/k8s/build.sh {part})` (needs Go and the Go \
+         module proxy the first time, a few minutes; seconds once cached)"
+    )]
+    NoAddon {
+        var: &'static str,
+        part: &'static str,
+    },
     #[error("{name} is missing from {dir}: run tests/k8s/build.sh again")]
     MissingBinary { name: String, dir: PathBuf },
     #[error("starting {what}: {source}")]

@@ -1,9 +1,11 @@
 //! One module per subcommand: argument parsing and I/O; the logic they call lives in library crates.
 
 pub mod agent;
+pub mod autoscaler;
 pub mod catalog;
 pub mod cdi;
 pub mod completion;
+pub mod controller;
 pub mod doctor;
 pub mod extender;
 pub mod flags;

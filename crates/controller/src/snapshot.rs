@@ -1,0 +1,517 @@
+//! From API objects to the autoscaler's snapshot (pure): which Machine and pool each Node
+//! belongs to, the stage of every machine in flight, free capacity per node, pending GPU pods
+//! with their constraints, and PDBs.
+
+use gpuops_autoscale::{
+    AutoscaleError, DO_NOT_DISRUPT, Machine, Millis, Node as ANode, PODS, Pdb, PendingPod, Pool,
+    RunningPod, Snapshot, Stage,
+};
+use gpuops_kubemodel::fit::{NodeConstraints, Requirement, Taint, Term, Toleration};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+
+/// Node annotation naming its Machine (Cluster API).
+pub const NODE_MACHINE: &str = "cluster.x-k8s.io/machine";
+/// Node annotation with the Machine's namespace (Cluster API).
+pub const NODE_CLUSTER_NAMESPACE: &str = "cluster.x-k8s.io/cluster-namespace";
+/// Machine label naming its MachineDeployment (Cluster API).
+pub const MACHINE_DEPLOYMENT: &str = "cluster.x-k8s.io/deployment-name";
+/// Node annotation the controller writes when it starts removing the node.
+pub const NODE_REMOVING: &str = "gpuops.io/scale-down";
+/// The agent's startup taint: the node's devices are not all advertised yet.
+pub const STARTUP_TAINT: &str = "gpuops.io/gpu-not-ready";
+
+/// What the snapshot is built from.
+#[derive(Debug)]
+pub struct Objects<'a> {
+    pub machine_deployments: &'a [Value],
+    pub machines: &'a [Value],
+    pub nodes: &'a [Node],
+    pub pods: &'a [Pod],
+    pub pdbs: &'a [PodDisruptionBudget],
+    /// Node -> highest measured utilization (percent) of its allocated GPUs.
+    pub gpu_util: &'a HashMap<String, f64>,
+}
+
+fn ts_ms(v: &Value) -> Option<Millis> {
+    parse_rfc3339(v.as_str()?)
+}
+
+/// Milliseconds since the epoch of an RFC 3339 timestamp.
+fn parse_rfc3339(s: &str) -> Option<Millis> {
+    // Enough for what the API server writes (`2025-01-01T00:00:00Z`, optional fraction).
+    let (date, time) = s.trim_end_matches('Z').split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let time = time.split(['+']).next()?;
+    let mut t = time.split(':');
+    let (hh, mm) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+    );
+    let ss: f64 = t.next()?.parse().ok()?;
+    // Days from civil (Howard Hinnant's algorithm).
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60;
+    u64::try_from(secs)
+        .ok()
+        .map(|s| s * 1000 + (ss * 1000.0) as u64)
+}
+
+fn meta_time(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<Millis> {
+    let v = serde_json::to_value(t?).ok()?;
+    parse_rfc3339(v.as_str()?)
+}
+
+fn key(ns: Option<&str>, name: Option<&str>) -> String {
+    format!("{}/{}", ns.unwrap_or("default"), name.unwrap_or(""))
+}
+
+/// GPU resources: whole, shared and MIG slices.
+pub fn is_gpu_resource(name: &str) -> bool {
+    name == "nvidia.com/gpu"
+        || name == "nvidia.com/gpu.shared"
+        || name.starts_with("nvidia.com/mig-")
+}
+
+fn is_done(p: &Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn is_daemon_or_mirror(p: &Pod) -> bool {
+    p.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet")
+        || p.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+}
+
+fn taints_of(n: &Node) -> Vec<Taint> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|t| Taint {
+            key: t.key.clone(),
+            value: t.value.clone().unwrap_or_default(),
+            effect: t.effect.clone(),
+        })
+        .collect()
+}
+
+fn condition<'a>(n: &'a Node, kind: &str) -> Option<&'a k8s_openapi::api::core::v1::NodeCondition> {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == kind))
+}
+
+fn allocatable(n: &Node, name: &str) -> f64 {
+    n.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(name))
+        .and_then(|q| gpuops_kubemodel::quantity(&q.0))
+        .unwrap_or(0.0)
+}
+
+/// Whether the node offers everything its pool's template says (devices advertised, the
+/// startup taint gone).
+fn devices_ready(n: &Node, pool: &Pool) -> bool {
+    if taints_of(n).iter().any(|t| t.key == STARTUP_TAINT) {
+        return false;
+    }
+    let t = &pool.template;
+    let gpu_ok = t.gpus == 0 || allocatable(n, &t.gpu_resource) > 0.0;
+    let mig_ok = t
+        .scalars
+        .keys()
+        .filter(|k| k.starts_with("nvidia.com/mig-"))
+        .all(|k| allocatable(n, k) > 0.0);
+    gpu_ok && mig_ok
+}
+
+fn pod_constraints(p: &Pod) -> (Vec<Toleration>, NodeConstraints) {
+    let Some(spec) = &p.spec else {
+        return (Vec::new(), NodeConstraints::default());
+    };
+    let tolerations = spec
+        .tolerations
+        .iter()
+        .flatten()
+        .map(|t| Toleration {
+            key: t.key.clone().unwrap_or_default(),
+            operator: t.operator.clone().unwrap_or_default(),
+            value: t.value.clone().unwrap_or_default(),
+            effect: t.effect.clone().unwrap_or_default(),
+        })
+        .collect();
+    let req = |r: &k8s_openapi::api::core::v1::NodeSelectorRequirement| Requirement {
+        key: r.key.clone(),
+        operator: r.operator.clone(),
+        values: r.values.clone().unwrap_or_default(),
+    };
+    let affinity = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|sel| {
+            sel.node_selector_terms
+                .iter()
+                .map(|t| Term {
+                    expressions: t.match_expressions.iter().flatten().map(req).collect(),
+                    fields: t.match_fields.iter().flatten().map(req).collect(),
+                })
+                .collect()
+        });
+    (
+        tolerations,
+        NodeConstraints {
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            affinity,
+        },
+    )
+}
+
+/// A pending pod asking a GPU resource, as the decision sees it; `None` for other pods.
+pub fn pending_pod(p: &Pod, now: Millis) -> Option<PendingPod> {
+    let spec = p.spec.as_ref()?;
+    if spec.node_name.is_some() || is_done(p) || p.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let req = gpuops_kubemodel::requests(p);
+    if !req.iter().any(|(k, v)| is_gpu_resource(k) && *v > 0.0) {
+        return None;
+    }
+    let count = |k: &str| req.get(k).map_or(0, |v| v.ceil() as u64);
+    let (gpu_resource, gpu_count) = if count("nvidia.com/gpu.shared") > 0 {
+        (
+            "nvidia.com/gpu.shared".to_string(),
+            count("nvidia.com/gpu.shared"),
+        )
+    } else if count("nvidia.com/gpu") > 0 {
+        ("nvidia.com/gpu".to_string(), count("nvidia.com/gpu"))
+    } else {
+        (String::new(), 0)
+    };
+    let scalars = req
+        .iter()
+        .filter(|(k, v)| k.starts_with("nvidia.com/mig-") && **v > 0.0)
+        .map(|(k, v)| (k.clone(), v.ceil() as u64))
+        .collect();
+    let (tolerations, constraints) = pod_constraints(p);
+    let ask = gpuops_kubemodel::pod_ask(p);
+    Some(PendingPod {
+        key: key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()),
+        created: meta_time(p.metadata.creation_timestamp.as_ref()).unwrap_or(now),
+        cpu_milli: ask.cpu_milli,
+        memory_mib: ask.memory_mib,
+        gpu_resource,
+        gpu_count,
+        gpu_milli: ask.milli,
+        scalars,
+        tolerations,
+        constraints,
+    })
+}
+
+/// The pool a Machine belongs to (`namespace/deployment`), from its labels.
+fn machine_pool(m: &Value) -> Option<String> {
+    let ns = m["metadata"]["namespace"].as_str().unwrap_or("default");
+    let md = m["metadata"]["labels"][MACHINE_DEPLOYMENT].as_str()?;
+    Some(format!("{ns}/{md}"))
+}
+
+fn machine_key(m: &Value) -> String {
+    key(
+        m["metadata"]["namespace"].as_str(),
+        m["metadata"]["name"].as_str(),
+    )
+}
+
+/// The Node a Machine points at (`status.nodeRef.name`).
+fn machine_node(m: &Value) -> Option<&str> {
+    m["status"]["nodeRef"]["name"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+}
+
+/// Builds the snapshot. Pools with malformed annotations are returned as errors (and named
+/// in the snapshot's `skipped_pools`); the rest are modelled.
+pub fn build(objs: &Objects<'_>, now: Millis) -> (Snapshot, Vec<AutoscaleError>) {
+    let (mut pools, errors) = gpuops_autoscale::pool::parse_pools(objs.machine_deployments);
+    let skipped: Vec<String> = errors.iter().map(|e| e.pool().to_string()).collect();
+    pools.sort_by(|a, b| a.name.cmp(&b.name));
+    let pool_of: HashMap<&str, &Pool> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
+
+    let nodes_by_name: HashMap<&str, &Node> = objs
+        .nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, n)))
+        .collect();
+    // Node -> (machine key, pool) through the Machines (the authoritative link) and the Node's
+    // own annotation as a fallback while the Machine's nodeRef is not set yet.
+    let mut node_machine: HashMap<String, (String, Option<String>)> = HashMap::new();
+    for m in objs.machines {
+        if let Some(node) = machine_node(m) {
+            node_machine.insert(node.to_string(), (machine_key(m), machine_pool(m)));
+        }
+    }
+    let machines_by_key: HashMap<String, &Value> =
+        objs.machines.iter().map(|m| (machine_key(m), m)).collect();
+    for n in objs.nodes {
+        let (Some(name), Some(a)) = (n.metadata.name.as_deref(), n.metadata.annotations.as_ref())
+        else {
+            continue;
+        };
+        if node_machine.contains_key(name) {
+            continue;
+        }
+        if let Some(machine) = a.get(NODE_MACHINE) {
+            let ns = a
+                .get(NODE_CLUSTER_NAMESPACE)
+                .map_or("default", String::as_str);
+            let k = format!("{ns}/{machine}");
+            let pool = machines_by_key.get(&k).and_then(|m| machine_pool(m));
+            node_machine.insert(name.to_string(), (k, pool));
+        }
+    }
+
+    // Machines in flight and their stage.
+    let mut machines = Vec::new();
+    let mut in_flight_nodes: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for m in objs.machines {
+        let Some(pool_name) = machine_pool(m) else {
+            continue;
+        };
+        let Some(pool) = pool_of.get(pool_name.as_str()) else {
+            continue;
+        };
+        if m["metadata"]["deletionTimestamp"].is_string() {
+            continue;
+        }
+        let phase = m["status"]["phase"].as_str().unwrap_or("");
+        let failed = phase == "Failed";
+        let created = ts_ms(&m["metadata"]["creationTimestamp"]).unwrap_or(now);
+        let node = machine_node(m).and_then(|n| nodes_by_name.get(n).copied());
+        let (stage, since) = match node {
+            None => (Stage::Provisioning, created),
+            Some(n) => {
+                let ready = condition(n, "Ready");
+                let is_ready = ready.is_some_and(|c| c.status == "True");
+                if !is_ready {
+                    (
+                        Stage::Registered,
+                        meta_time(n.metadata.creation_timestamp.as_ref()).unwrap_or(created),
+                    )
+                } else if !devices_ready(n, pool) {
+                    (
+                        Stage::Devices,
+                        ready
+                            .and_then(|c| meta_time(c.last_transition_time.as_ref()))
+                            .unwrap_or(created),
+                    )
+                } else {
+                    continue; // a ready node
+                }
+            }
+        };
+        if let Some(n) = node.and_then(|n| n.metadata.name.clone()) {
+            in_flight_nodes.insert(n);
+        }
+        machines.push(Machine {
+            name: machine_key(m),
+            pool: pool_name,
+            node: machine_node(m).map(str::to_string),
+            stage,
+            stage_since: since,
+            failed,
+        });
+    }
+
+    // Pods per node.
+    let mut on_node: HashMap<&str, Vec<&Pod>> = HashMap::new();
+    let mut pending = Vec::new();
+    for p in objs.pods {
+        match p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            Some(n) if !is_done(p) => on_node.entry(n).or_default().push(p),
+            Some(_) => {}
+            None => pending.extend(pending_pod(p, now)),
+        }
+    }
+
+    // Ready nodes: free capacity from the packing engine's model of each node.
+    let ready: Vec<&Node> = objs
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| !in_flight_nodes.contains(name))
+                && condition(n, "Ready").is_some_and(|c| c.status == "True")
+                && !taints_of(n).iter().any(|t| t.key == STARTUP_TAINT)
+        })
+        .collect();
+    let bound: Vec<&Pod> = on_node.values().flatten().copied().collect();
+    let model = gpuops_kubemodel::snapshot(&ready, &bound, None, None).ok();
+    let mut nodes = Vec::new();
+    for n in &ready {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let (machine, pool) = node_machine
+            .get(&name)
+            .map_or((None, None), |(m, p)| (Some(m.clone()), p.clone()));
+        let pool = pool.filter(|p| pool_of.contains_key(p.as_str()));
+        let pods = on_node.get(name.as_str()).cloned().unwrap_or_default();
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        let mut scalars_free: BTreeMap<String, u64> = BTreeMap::new();
+        if let Some(a) = n.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
+            for (k, q) in a {
+                if k.starts_with("nvidia.com/mig-") || k == PODS {
+                    let have = gpuops_kubemodel::quantity(&q.0).unwrap_or(0.0);
+                    let used: f64 = pods
+                        .iter()
+                        .map(|p| {
+                            if k == PODS {
+                                1.0
+                            } else {
+                                gpuops_kubemodel::requests(p).get(k).copied().unwrap_or(0.0)
+                            }
+                        })
+                        .sum();
+                    scalars_free.insert(k.clone(), (have - used).max(0.0) as u64);
+                }
+            }
+        }
+        let (cpu_free, mem_free, gpu_free, replicas) = match model
+            .as_ref()
+            .and_then(|m| m.position(&name).map(|i| (m, i)))
+        {
+            Some((m, i)) => {
+                let c = m.cluster.node(i);
+                (
+                    u64::from(c.cpu_left),
+                    c.memory_left,
+                    m.cluster.gpus(i).to_vec(),
+                    m.nodes[i].replicas,
+                )
+            }
+            None => (0, 0, Vec::new(), 1),
+        };
+        let gpu_resource = if allocatable(n, "nvidia.com/gpu.shared") > 0.0 {
+            "nvidia.com/gpu.shared"
+        } else if allocatable(n, "nvidia.com/gpu") > 0.0 {
+            "nvidia.com/gpu"
+        } else {
+            ""
+        };
+        let running: Vec<RunningPod> = pods
+            .iter()
+            .filter(|p| !is_daemon_or_mirror(p))
+            .map(|p| {
+                let ann = p.metadata.annotations.as_ref();
+                RunningPod {
+                    key: key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()),
+                    labels: p.metadata.labels.clone().unwrap_or_default(),
+                    gpu: gpuops_kubemodel::requests(p)
+                        .iter()
+                        .any(|(k, v)| is_gpu_resource(k) && *v > 0.0),
+                    do_not_disrupt: DO_NOT_DISRUPT
+                        .iter()
+                        .any(|a| ann.and_then(|m| m.get(*a)).is_some_and(|v| v == "true")),
+                }
+            })
+            .collect();
+        nodes.push(ANode {
+            removing: n
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(NODE_REMOVING)),
+            unschedulable: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            gpu_product: labels
+                .get("nvidia.com/gpu.product")
+                .cloned()
+                .unwrap_or_default(),
+            labels,
+            taints: taints_of(n),
+            cpu_free_milli: cpu_free,
+            memory_free_mib: mem_free,
+            gpu_resource: gpu_resource.to_string(),
+            gpu_replicas: replicas,
+            gpu_free,
+            scalars_free,
+            pods: running,
+            gpu_util: objs.gpu_util.get(&name).copied(),
+            name,
+            pool,
+            machine,
+        });
+    }
+
+    let pdbs = objs
+        .pdbs
+        .iter()
+        .map(|p| {
+            let sel = p.spec.as_ref().and_then(|s| s.selector.as_ref());
+            let exprs = sel
+                .and_then(|s| s.match_expressions.as_ref())
+                .is_some_and(|e| !e.is_empty());
+            let allowed = p.status.as_ref().map_or(0, |s| {
+                u32::try_from(s.disruptions_allowed.max(0)).unwrap_or(0)
+            });
+            Pdb {
+                key: key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()),
+                namespace: p
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+                // A selector with expressions is not evaluated here: as an empty selector with
+                // no disruptions allowed it blocks its namespace's pods, the safe side.
+                match_labels: if exprs {
+                    BTreeMap::new()
+                } else {
+                    sel.and_then(|s| s.match_labels.clone()).unwrap_or_default()
+                },
+                disruptions_allowed: if exprs { 0 } else { allowed },
+            }
+        })
+        .collect();
+
+    (
+        Snapshot {
+            pools,
+            nodes,
+            machines,
+            pending,
+            pdbs,
+            skipped_pools: skipped,
+        },
+        errors,
+    )
+}

@@ -1,0 +1,130 @@
+//! `gpuops controller`: arguments for gpuops-controller, GPU node-pool autoscaling on Cluster
+//! API. See docs/autoscaling.md.
+
+use anyhow::{Context, Result};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Autoscale GPU node pools (Cluster API MachineDeployments) for pending GPU pods.
+///
+/// Pools are MachineDeployments with Cluster Autoscaler's clusterapi annotations (min/max size,
+/// capacity.cluster-autoscaler.kubernetes.io/*) plus gpuops.io/* ones (price, GPU product, MIG
+/// config, time-slicing replicas, stage timeouts). Pending GPU pods go to free capacity, then to
+/// nodes in flight, then to new nodes of the cheapest feasible pool; idle nodes are drained and
+/// removed. Every decision is explained in events and in the status ConfigMap
+/// (`gpuops autoscaler status`).
+///
+/// Examples:
+///   gpuops controller --namespace gpuops --leader-election-identity "$POD_NAME"
+///   gpuops controller --kubeconfig ~/.kube/config --no-leader-election --dry-run
+#[derive(Debug, clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    #[command(flatten)]
+    kube: super::flags::KubeArgs,
+    /// Namespace of the status ConfigMap and the Lease.
+    #[arg(long, env = "GPUOPS_NAMESPACE", default_value = "gpuops")]
+    namespace: String,
+    /// A decision also runs this often without any change.
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    resync: Duration,
+    /// A node stays unneeded (no GPU pod, or its GPUs idle by measure) this long before removal.
+    #[arg(long, default_value = "10m", value_parser = super::parse_duration)]
+    scale_down_idle: Duration,
+    /// GPU utilization (percent) at or below which an allocated GPU counts as idle.
+    #[arg(long, default_value_t = 0.0)]
+    idle_util_pct: f64,
+    /// Scale up once no new pending GPU pod appeared for this long...
+    #[arg(long, default_value = "1s", value_parser = super::parse_duration)]
+    batch_idle: Duration,
+    /// ...or once the oldest unserved pending pod waited this long.
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    batch_max: Duration,
+    /// `/metrics`, `/healthz` and `/readyz` listen here.
+    #[arg(
+        long,
+        env = "GPUOPS_CONTROLLER_METRICS_ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
+    metrics_address: SocketAddr,
+    /// Lease name for leader election.
+    #[arg(long, default_value = "gpuops-controller")]
+    leader_election_name: String,
+    /// Lease namespace [default: --namespace].
+    #[arg(long)]
+    leader_election_namespace: Option<String>,
+    /// This replica's identity in the Lease [default: $POD_NAME, else the host name].
+    #[arg(long, env = "POD_NAME")]
+    leader_election_identity: Option<String>,
+    /// How long the Lease lasts without renewal (a killed leader is replaced after this).
+    #[arg(long, default_value = "15s", value_parser = super::parse_duration)]
+    leader_election_duration: Duration,
+    /// Run without leader election (only with a single replica).
+    #[arg(long)]
+    no_leader_election: bool,
+    /// Decide and publish the status, change nothing in the cluster.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let identity = args
+        .leader_election_identity
+        .clone()
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("gpuops-controller-{}", std::process::id()));
+    let duration = args.leader_election_duration;
+    let lease = (!args.no_leader_election).then(|| gpuops_kube::LeaseOptions {
+        namespace: args
+            .leader_election_namespace
+            .clone()
+            .unwrap_or_else(|| args.namespace.clone()),
+        name: args.leader_election_name.clone(),
+        identity: identity.clone(),
+        duration,
+        grace: (duration / 3).max(Duration::from_secs(1)),
+    });
+    let config = gpuops_controller::ControllerConfig {
+        client: args.kube.options(),
+        namespace: args.namespace.clone(),
+        identity,
+        lease,
+        resync: args.resync,
+        decision: gpuops_autoscale::Config {
+            scale_down_idle: args.scale_down_idle,
+            idle_util_pct: args.idle_util_pct,
+            batch_idle: args.batch_idle,
+            batch_max: args.batch_max,
+            ..gpuops_autoscale::Config::default()
+        },
+        metrics_address: args.metrics_address,
+        dry_run: args.dry_run,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    runtime.spawn(async move {
+        gpuops_serve::shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    eprintln!(
+        "gpuops controller {}: metrics on http://{}/metrics, status in ConfigMap {}/{}",
+        env!("CARGO_PKG_VERSION"),
+        args.metrics_address,
+        args.namespace,
+        gpuops_controller::status::CONFIGMAP
+    );
+    runtime
+        .block_on(gpuops_controller::run(config, stopped))
+        .with_context(|| args.kube.blame())?;
+    Ok(ExitCode::SUCCESS)
+}

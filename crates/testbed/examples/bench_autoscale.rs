@@ -1,0 +1,128 @@
+//! Side-by-side autoscaling scenarios (issue 16) in the test bed: each scenario on a fresh
+//! cluster, against the real Karpenter with and without gpuops's startup taint, and (once wired)
+//! against gpuops's controller on Cluster API, all with the same node lifecycle: boot, Node Ready
+//! without GPUs, GPUs after the device-plugin delay. Prints a Markdown table.
+//!
+//! Run through scripts/bench-autoscale (it builds what is needed). Knobs (environment):
+//! BENCH_BOOT_S (5), BENCH_DEVICES_S (10), BENCH_SCENARIOS (`a,b`),
+//! BENCH_SIDES (`karpenter,karpenter-taint,gpuops`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark driver
+
+use gpuops_testbed::scenario::{self, Outcome, Scenario};
+use gpuops_testbed::{Cluster, ClusterOptions, KarpenterOptions};
+use std::time::Duration;
+
+fn env_secs(name: &str, default: u64) -> Duration {
+    Duration::from_secs(
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default),
+    )
+}
+
+fn env_list(name: &str, default: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+const TIMEOUT: Duration = Duration::from_secs(420);
+const SETTLE: Duration = Duration::from_secs(20);
+
+fn karpenter_side(
+    scenario: &Scenario,
+    startup_taint: bool,
+    boot: Duration,
+    devices: Duration,
+) -> Result<Outcome, String> {
+    let cluster = Cluster::start(ClusterOptions {
+        kwok: true,
+        controller_manager: true,
+        apiserver_args: KarpenterOptions::apiserver_args(),
+        ..ClusterOptions::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let karpenter = cluster
+        .start_karpenter(KarpenterOptions {
+            startup_taint,
+            registration_delay: boot,
+            devices_delay: devices,
+            ..KarpenterOptions::default()
+        })
+        .map_err(|e| e.to_string())?;
+    let outcome = scenario::run(&cluster, &karpenter, scenario, "default", TIMEOUT, SETTLE)
+        .map_err(|e| e.to_string())?;
+    let claims = karpenter.node_claims().map_err(|e| e.to_string())?;
+    let types: Vec<String> = claims
+        .iter()
+        .map(|c| c.instance_type.clone().unwrap_or_default())
+        .collect();
+    eprintln!(
+        "[bench] {} / {}: NodeClaims {types:?}",
+        outcome.scenario, outcome.autoscaler
+    );
+    Ok(outcome)
+}
+
+/// HOOK (lead, after merging wip/ctl): run the scenario against gpuops's controller.
+/// Start a Cluster (kwok + controller_manager), `cluster.start_cluster_api(CapiOptions::default())`,
+/// add the same pools as Karpenter's instance types (`PoolSpec::new("gpu-h100-8x",
+/// NodeShape::gpu(..)` with boot_delay = `boot`, devices_delay = `devices`, price annotation),
+/// start the `gpuops controller` binary as a process against `cluster.kubeconfig()`, then
+/// `scenario::run(&cluster, &capi, scenario, ...)`: `ClusterApi` implements `Autoscaler` (its
+/// Machines are the instances).
+fn gpuops_side(
+    _scenario: &Scenario,
+    _boot: Duration,
+    _devices: Duration,
+) -> Result<Outcome, String> {
+    Err("not wired yet: see gpuops_side in crates/testbed/examples/bench_autoscale.rs".into())
+}
+
+fn main() {
+    let boot = env_secs("BENCH_BOOT_S", 5);
+    let devices = env_secs("BENCH_DEVICES_S", 10);
+    let scenarios: Vec<Scenario> = env_list("BENCH_SCENARIOS", "a,b")
+        .iter()
+        .map(|s| match s.as_str() {
+            "a" => Scenario::scale_from_zero(8),
+            "b" => Scenario::burst(8),
+            other => panic!("BENCH_SCENARIOS: unknown scenario {other:?} (a, b)"),
+        })
+        .collect();
+    let sides = env_list("BENCH_SIDES", "karpenter,karpenter-taint,gpuops");
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for scenario in &scenarios {
+        for side in &sides {
+            eprintln!("[bench] {} on {side} ...", scenario.name);
+            let result = match side.as_str() {
+                "karpenter" => karpenter_side(scenario, false, boot, devices),
+                "karpenter-taint" => karpenter_side(scenario, true, boot, devices),
+                "gpuops" => gpuops_side(scenario, boot, devices),
+                other => Err(format!("BENCH_SIDES: unknown side {other:?}")),
+            };
+            match result {
+                Ok(outcome) => rows.push(outcome.row()),
+                Err(e) => notes.push(format!("- {} / {side}: {e}", scenario.name)),
+            }
+        }
+    }
+    println!(
+        "Node boot {}s, GPUs {}s after the node registers; Karpenter batch 1s idle / 10s max; \
+         instance types 8x/4x/1x nvidia.com/gpu at the same price per GPU.\n",
+        boot.as_secs(),
+        devices.as_secs()
+    );
+    println!("{}", Outcome::header());
+    for r in rows {
+        println!("{r}");
+    }
+    for n in notes {
+        println!("{n}");
+    }
+}
