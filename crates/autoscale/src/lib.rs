@@ -12,12 +12,14 @@
 mod decide;
 pub mod decision;
 pub mod error;
+pub mod mig_demand;
 pub mod model;
 pub mod pool;
 mod scaledown;
 
 pub use decision::{Decision, Event, InFlight, Plan, PodPlan, Removal, ScaleUp, Target, TimedOut};
 pub use error::AutoscaleError;
+pub use mig_demand::{MigConfig, MigDecision, MigMemory, decide_mig};
 pub use model::{
     Backoff, Config, DO_NOT_DISRUPT, Machine, Millis, Node, NodeTemplate, PODS, Pdb, PendingPod,
     Pool, RunningPod, Snapshot, Stage, StageTimeouts, State,

@@ -14,6 +14,7 @@ pub mod manifests;
 pub mod mig;
 pub mod sim;
 pub mod simulate;
+pub mod simulate_autoscale;
 pub mod top;
 
 use std::time::Duration;

@@ -40,8 +40,11 @@ use std::time::Instant;
 ///       --policy fgd,ours --seeds 42-44 --plot curves.svg --csv curves.csv
 ///   gpuops simulate --nodes nodes.csv --pods pods.csv --load 1.0 --seeds 7 -o json
 #[derive(Debug, clap::Args)]
-#[command(verbatim_doc_comment)]
+#[command(verbatim_doc_comment, args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// `gpuops simulate autoscale`: the autoscaling cost replay.
+    #[command(subcommand)]
+    command: Option<Sub>,
     /// Node list CSV (e.g. /work/shared/traces/openb/openb_node_list_gpu_node.csv).
     #[arg(long, value_name = "FILE")]
     nodes: Option<PathBuf>,
@@ -80,7 +83,16 @@ pub struct Args {
 
 const TRACES_HINT: &str = "the openb traces are in /work/shared/traces/openb/ (e.g. --nodes /work/shared/traces/openb/openb_node_list_gpu_node.csv --pods /work/shared/traces/openb/openb_pod_list_default.csv); see gpuops simulate --help";
 
+/// Subcommands of `gpuops simulate`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Sub {
+    Autoscale(super::simulate_autoscale::Args),
+}
+
 pub fn run(args: Args) -> Result<ExitCode> {
+    if let Some(Sub::Autoscale(a)) = args.command {
+        return super::simulate_autoscale::run(a);
+    }
     let nodes_path = args
         .nodes
         .as_deref()
