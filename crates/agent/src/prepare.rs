@@ -272,10 +272,9 @@ pub fn host_devices(sim_state: Option<&Path>, config: &Config) -> gpuops_resourc
             gpuops_deviceplugin::probe_host(state, &state.join("proc"))
         }
         Some(_) => gpuops_resources::HostDevices::default(),
-        None => gpuops_deviceplugin::probe_host(
-            Path::new(config.nvidia_dev_root()),
-            Path::new("/proc"),
-        ),
+        None => {
+            gpuops_deviceplugin::probe_host(Path::new(config.nvidia_dev_root()), Path::new("/proc"))
+        }
     }
 }
 

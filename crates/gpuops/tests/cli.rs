@@ -955,6 +955,8 @@ fn output_into_a_closed_pipe_ends_quietly() {
 /// SIGPIPE's number on Linux.
 fn libc_sigpipe() -> i32 {
     13
+}
+
 #[test]
 fn cdi_hook_update_ldcache_writes_the_folders_and_runs_ldconfig_on_the_containers_root() {
     use std::io::Write;

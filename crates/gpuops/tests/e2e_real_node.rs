@@ -1080,6 +1080,8 @@ fn the_charts_probes_keep_an_agent_without_nvml_running_and_not_ready() {
         "retrying NVML:\n{logs}"
     );
     assert!(!logs.contains("/healthz fails"), "{logs}");
+}
+
 /// What a pod's container has of the NVIDIA devices and the driver's files: its `/dev/nvidia*`
 /// entries and the mount points of /proc/self/mountinfo under the driver's paths.
 fn nvidia_view(bed: &Bed, pod: &str) -> (Vec<String>, Vec<String>) {
