@@ -11,6 +11,7 @@
 mod cluster;
 mod harness;
 mod process;
+pub mod rbac;
 mod real_node;
 
 pub use cluster::{Cluster, ClusterOptions, User};
@@ -61,6 +62,8 @@ pub enum BedError {
     },
     #[error("kubectl {args}: {message}")]
     Kubectl { args: String, message: String },
+    #[error("{what}: {message}")]
+    Manifest { what: String, message: String },
     #[error("timed out after {seconds}s waiting for {what}")]
     Timeout { what: String, seconds: u64 },
 }
