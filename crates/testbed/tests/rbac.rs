@@ -234,3 +234,166 @@ fn an_extra_grant_is_reported() {
     .unwrap();
     assert_eq!(missing.missing.len(), 1, "{:?}", missing.missing);
 }
+
+/// The macros whose output reaches a log or a user: tracing's, printing, `#[error]` messages and
+/// anyhow's. `format!` alone is not here: building a header or a kubeconfig file is its job.
+const LOGGING: &[&str] = &[
+    "trace!(",
+    "debug!(",
+    "info!(",
+    "warn!(",
+    "error!(",
+    "println!(",
+    "eprintln!(",
+    "print!(",
+    "eprint!(",
+    "#[error(",
+    "anyhow!(",
+    "bail!(",
+    ".context(",
+    "with_context(",
+];
+
+/// Identifiers inside one macro call: its code outside string literals, and `{name}` captures.
+fn identifiers(call: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut in_str = false;
+    let mut chars = call.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_str {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => in_str = false,
+                '{' => {
+                    let mut cap = String::new();
+                    while let Some(&n) = chars.peek() {
+                        if n.is_alphanumeric() || n == '_' || n == '.' {
+                            cap.push(n);
+                            chars.next();
+                        } else {
+                            break;
+                        }
+                    }
+                    if !cap.is_empty() {
+                        out.push(cap);
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        if c.is_alphanumeric() || c == '_' {
+            word.push(c);
+            continue;
+        }
+        if !word.is_empty() {
+            out.push(std::mem::take(&mut word));
+        }
+        if c == '"' {
+            in_str = true;
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+fn credential_like(ident: &str) -> bool {
+    let i = ident.to_ascii_lowercase();
+    // A list's continue token is a paging cursor, not a credential.
+    (i.contains("token") && !i.contains("continue"))
+        || i.contains("password")
+        || i.contains("secret")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every logging call in `source` that formats a credential-like value, as `line: text`.
+fn credential_logging(source: &str) -> Vec<String> {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("//") || !LOGGING.iter().any(|m| line.contains(m)) {
+            continue;
+        }
+        // The call runs until its statement or attribute ends (a few lines at most).
+        let end = (i..lines.len().min(i + 12))
+            .find(|j| {
+                let t = lines[*j].trim_end();
+                t.ends_with(';') || t.ends_with(")]") || t.ends_with('?')
+            })
+            .unwrap_or(i);
+        let call = lines[i..=end].join("\n");
+        if identifiers(&call).iter().any(|id| credential_like(id)) {
+            found.push(format!("{}: {}", i + 1, line.trim()));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_credential_scan_finds_a_logged_token() {
+    assert_eq!(
+        credential_logging("fn f() {\n    tracing::info!(\"using {token}\");\n}\n").len(),
+        1
+    );
+    assert_eq!(
+        credential_logging(
+            "    warn!(\"auth failed\",\n        bearer_token = %t.bearer_token,\n    );\n"
+        )
+        .len(),
+        1
+    );
+    assert!(
+        credential_logging("    info!(\"read --prometheus-token-file {}\", path.display());\n")
+            .is_empty()
+    );
+    assert!(
+        credential_logging("    debug!(\"page\", next = ?params.continue_token);\n").is_empty()
+    );
+}
+
+#[test]
+fn no_log_or_error_message_prints_a_credential() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for c in std::fs::read_dir(&crates).unwrap() {
+        let c = c.unwrap().path();
+        // Test support writes tokens into the test bed's kubeconfigs; modcheck's tokens are Rust's.
+        let name = c.file_name().unwrap().to_string_lossy().to_string();
+        if ["testbed", "modcheck", "fuzzcases"].contains(&name.as_str()) {
+            continue;
+        }
+        if c.join("src").is_dir() {
+            rust_files(&c.join("src"), &mut files);
+        }
+    }
+    assert!(files.len() > 50, "only {} source files found", files.len());
+    let mut found = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        // Unit tests may print their own fake tokens.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for hit in credential_logging(code) {
+            found.push(format!("{}:{hit}", f.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "logging that formats a credential:\n{}",
+        found.join("\n")
+    );
+}
