@@ -10,9 +10,12 @@
 
 mod fixtures;
 
+/// A target's function: returns for input handled correctly, panics on a bug.
+pub type Target = fn(&[u8]);
+
 /// Every target: its name (the `fuzz/fuzz_targets/<name>.rs` binary and the `fuzz/corpus/<name>/`
 /// directory) and its function.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("mig_config", mig_config),
     ("mig_configmap", mig_configmap),
     ("mig_hooks", mig_hooks),
