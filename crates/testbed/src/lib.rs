@@ -15,6 +15,7 @@ mod infra;
 mod karpenter;
 mod kubectl;
 mod process;
+pub mod rbac;
 mod real_node;
 pub mod scenario;
 
@@ -77,6 +78,8 @@ pub enum BedError {
     },
     #[error("kubectl {args}: {message}")]
     Kubectl { args: String, message: String },
+    #[error("{what}: {message}")]
+    Manifest { what: String, message: String },
     #[error("timed out after {seconds}s waiting for {what}")]
     Timeout { what: String, seconds: u64 },
 }
