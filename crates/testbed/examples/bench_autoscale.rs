@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark driver
 
 use gpuops_testbed::scenario::{self, Outcome, Scenario};
-use gpuops_testbed::{Cluster, ClusterOptions, KarpenterOptions};
+use gpuops_testbed::{CapiOptions, Cluster, ClusterOptions, KarpenterOptions, NodeShape, PoolSpec};
 use std::time::Duration;
 
 fn env_secs(name: &str, default: u64) -> Duration {
@@ -68,19 +68,59 @@ fn karpenter_side(
     Ok(outcome)
 }
 
-/// HOOK (lead, after merging wip/ctl): run the scenario against gpuops's controller.
-/// Start a Cluster (kwok + controller_manager), `cluster.start_cluster_api(CapiOptions::default())`,
-/// add the same pools as Karpenter's instance types (`PoolSpec::new("gpu-h100-8x",
-/// NodeShape::gpu(..)` with boot_delay = `boot`, devices_delay = `devices`, price annotation),
-/// start the `gpuops controller` binary as a process against `cluster.kubeconfig()`, then
-/// `scenario::run(&cluster, &capi, scenario, ...)`: `ClusterApi` implements `Autoscaler` (its
-/// Machines are the instances).
-fn gpuops_side(
-    _scenario: &Scenario,
-    _boot: Duration,
-    _devices: Duration,
-) -> Result<Outcome, String> {
-    Err("not wired yet: see gpuops_side in crates/testbed/examples/bench_autoscale.rs".into())
+/// gpuops's controller (the `gpuops` binary as a process, as a Deployment would run it) on
+/// Cluster API with the real core controllers, pools priced like Karpenter's instance types.
+/// The binary is `$GPUOPS_BIN` (scripts/bench-autoscale builds it).
+fn gpuops_side(scenario: &Scenario, boot: Duration, devices: Duration) -> Result<Outcome, String> {
+    let cluster = Cluster::start(ClusterOptions {
+        kwok: true,
+        controller_manager: true,
+        ..ClusterOptions::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let capi = cluster
+        .start_cluster_api(CapiOptions::default())
+        .map_err(|e| e.to_string())?;
+    for t in KarpenterOptions::default().instance_types {
+        let (resource, count) = t
+            .devices
+            .iter()
+            .next()
+            .ok_or("an instance type without GPUs")?;
+        let count: u32 = count.parse().map_err(|e| format!("{}: {e}", t.name))?;
+        let mut shape = NodeShape::gpu("NVIDIA-H100-80GB-HBM3", resource, count);
+        shape.boot_delay = boot;
+        shape.devices_delay = devices;
+        let mut pool = PoolSpec::new(&t.name, shape);
+        pool.max = 30;
+        pool.annotations
+            .insert("gpuops.io/price-per-hour".into(), t.price.to_string());
+        pool.annotations.insert(
+            "gpuops.io/gpu-product".into(),
+            "NVIDIA-H100-80GB-HBM3".into(),
+        );
+        capi.add_pool(&pool).map_err(|e| e.to_string())?;
+    }
+    let bin = std::env::var("GPUOPS_BIN").unwrap_or_else(|_| "target/debug/gpuops".into());
+    let log =
+        std::fs::File::create(cluster.dir().join("controller.log")).map_err(|e| e.to_string())?;
+    let mut controller = std::process::Command::new(&bin)
+        .arg("controller")
+        .arg(format!("--kubeconfig={}", cluster.kubeconfig().display()))
+        .args([
+            "--namespace=default",
+            "--no-leader-election",
+            "--resync=2s",
+            "--metrics-address=127.0.0.1:0",
+        ])
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("{bin}: {e}"))?;
+    let outcome = scenario::run(&cluster, &capi, scenario, "default", TIMEOUT, SETTLE);
+    let _ = controller.kill();
+    let _ = controller.wait();
+    outcome.map_err(|e| e.to_string())
 }
 
 fn main() {
