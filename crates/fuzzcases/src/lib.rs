@@ -463,3 +463,32 @@ pub fn autoscale_annotations(data: &[u8]) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The seeds must reach both sides of the parser, or the fuzzer starts blind to one.
+    #[test]
+    fn the_autoscale_seeds_reach_accepted_pools_and_each_kind_of_error() {
+        use gpuops_autoscale::AutoscaleError;
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/corpus/autoscale_annotations"
+        );
+        let (mut ok, mut annotation, mut pool) = (0, 0, 0);
+        for e in std::fs::read_dir(dir).unwrap() {
+            let data = std::fs::read(e.unwrap().path()).unwrap();
+            let Ok(md) = serde_json::from_slice::<serde_json::Value>(&data) else {
+                continue;
+            };
+            match gpuops_autoscale::pool::parse_pool(&md) {
+                Ok(_) => ok += 1,
+                Err(AutoscaleError::Annotation { .. }) => annotation += 1,
+                Err(AutoscaleError::Pool { .. }) => pool += 1,
+            }
+        }
+        assert!(
+            ok >= 3 && annotation >= 2 && pool >= 1,
+            "{ok} ok, {annotation} annotation errors, {pool} pool errors"
+        );
+    }
+}
