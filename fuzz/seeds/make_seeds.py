@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Writes the hand-made seed inputs into fuzz/corpus/<target>/ (run once; `cargo fuzz cmin` keeps
-them small afterwards). Binary seeds (kubelet protobufs) are encoded here by hand."""
-import hashlib, os, pathlib, re, sys
+them small afterwards). Binary seeds (kubelet protobufs) are encoded here by hand.
+
+  python3 fuzz/seeds/make_seeds.py [TARGET...]   only those targets' seeds (a new target's,
+                                                 without re-adding seeds cmin dropped)"""
+import hashlib, json, os, pathlib, re, sys
 
 root = pathlib.Path(__file__).resolve().parents[2]
 out = root / "fuzz" / "corpus"
 
 def put(target, data):
+    if len(sys.argv) > 1 and target not in sys.argv[1:]:
+        return
     if isinstance(data, str):
         data = data.encode()
     d = out / target
@@ -118,3 +123,28 @@ put("prometheus_text", '# HELP x y\n# TYPE x counter\nx_total{a="b\\"c\\\\d\\ne"
 # Go durations.
 for d in ["300ms", "1m30s", "1h2m3.5s", "2us", "2µs", "3ns", "0", "1.5h", "-1s", "9223372036s", "1e3s", ".5m", "10", "1h1h"]:
     put("go_duration", d)
+
+# Autoscaler annotations: MachineDeployments as JSON, and annotation=value lines.
+A = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-"
+C = "capacity.cluster-autoscaler.kubernetes.io/"
+def md(annotations, replicas=1, name="h100"):
+    return json.dumps({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+                       "metadata": {"namespace": "default", "name": name, "annotations": annotations},
+                       "spec": {"replicas": replicas}}, indent=1)
+base = {A + "min-size": "0", A + "max-size": "8", C + "cpu": "32", C + "memory": "256Gi"}
+for extra in [{},
+              {C + "gpu-type": "nvidia.com/gpu", C + "gpu-count": "8", "gpuops.io/price-per-hour": "98.32",
+               "gpuops.io/gpu-product": "NVIDIA-H100-80GB-HBM3", C + "maxPods": "110",
+               C + "labels": "pool=h100,zone=a", C + "taints": "nvidia.com/gpu=present:NoSchedule",
+               "gpuops.io/provision-timeout": "20m", "cluster.x-k8s.io/autoscaling-options-maxnodeprovisiontime": "15m0s"},
+              {C + "gpu-count": "8", "gpuops.io/gpu-product": "NVIDIA-H100-80GB-HBM3", "gpuops.io/mig-config": "all-1g.10gb"},
+              {C + "gpu-count": "4", "gpuops.io/mig-devices": "1g.10gb=7,3g.40gb=2"},
+              {C + "gpu-count": "2", "gpuops.io/gpu-replicas": "4", "gpuops.io/registration-timeout": "5m",
+               "gpuops.io/devices-timeout": "90s", C + "ephemeral-disk": "100Gi"},
+              {A + "min-size": "9"},
+              {"gpuops.io/price-per-hour": "-1", C + "cpu": "500m"}]:
+    put("autoscale_annotations", md({**base, **extra}))
+put("autoscale_annotations", md({A + "max-size": "3"}, replicas=None, name="no-capacity"))
+put("autoscale_annotations", "\n".join(f"{k}={v}" for k, v in {**base, C + "gpu-count": "1"}.items()) + "\n")
+put("autoscale_annotations", A + "min-size=1\n" + A + "max-size=2\n" + C + "cpu=4\n" + C + "memory=1Ti\n" + C + "taints=a=b:Bogus\n")
+put("autoscale_annotations", '{"metadata": {"annotations": {"' + A + 'min-size": 1}}, "spec": {"replicas": -1}}')

@@ -28,9 +28,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("trace_pods", trace_pods),
     ("prometheus_text", prometheus_text),
     ("go_duration", go_duration),
-    // SLOT: autoscaler annotations (crate gpuops-autoscale, branch wip/ctl). The lead adds
-    // `("autoscale_annotations", autoscale_annotations)` here, the function below, a
-    // fuzz/fuzz_targets/autoscale_annotations.rs and a seed corpus after merging.
+    ("autoscale_annotations", autoscale_annotations),
 ];
 
 const ORIGIN: &str = "fuzz-input";
@@ -382,5 +380,115 @@ pub fn go_duration(data: &[u8]) {
             assert_eq!(again, d, "{text:?} -> {formatted:?}");
         }
         Err(e) => assert!(!e.to_string().is_empty()),
+    }
+}
+
+/// The autoscaler's MachineDeployment annotations (Cluster Autoscaler's clusterapi ones and
+/// `gpuops.io/*`). Input that is JSON is the MachineDeployment itself; other text is
+/// `annotation=value` lines on a MachineDeployment named after the input. An accepted pool is
+/// consistent (min <= max, a usable price, GPUs that can be modelled); an error names the
+/// MachineDeployment, and the annotation when one is at fault; `parse_pools` agrees.
+pub fn autoscale_annotations(data: &[u8]) {
+    use gpuops_autoscale::AutoscaleError;
+    use gpuops_autoscale::pool::{is_pool, parse_pool, parse_pools, pool_name};
+    use serde_json::{Map, Value, json};
+    let Some(text) = text(data) else { return };
+    let md = match serde_json::from_str::<Value>(text) {
+        Ok(v) => v,
+        Err(_) => {
+            let annotations: Map<String, Value> = text
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+                .collect();
+            json!({
+                "metadata": {"namespace": "fuzz", "name": ORIGIN, "annotations": annotations},
+                "spec": {"replicas": 1},
+            })
+        }
+    };
+    let name = pool_name(&md);
+    let parsed = parse_pool(&md);
+    assert_eq!(
+        parse_pool(&md),
+        parsed,
+        "parsing the same object twice differs"
+    );
+    match &parsed {
+        Ok(p) => {
+            assert_eq!(p.name, name);
+            assert!(p.min <= p.max, "min {} above max {}", p.min, p.max);
+            assert!(
+                p.price_per_hour.is_finite() && p.price_per_hour >= 0.0,
+                "price {}",
+                p.price_per_hour
+            );
+            let t = &p.template;
+            assert!(t.gpu_replicas >= 1, "{} replicas per GPU", t.gpu_replicas);
+            assert!(t.gpus <= 64, "{} GPUs per node", t.gpus);
+            assert_eq!(
+                t.gpus == 0,
+                t.gpu_resource.is_empty(),
+                "GPUs {} offered as {:?}",
+                t.gpus,
+                t.gpu_resource
+            );
+            assert!(t.scalars.contains_key("pods"), "no pods capacity");
+        }
+        Err(e) => {
+            assert_eq!(e.pool(), name, "error about another pool: {e}");
+            let message = e.to_string();
+            assert!(
+                message.contains(&format!("MachineDeployment {name}")),
+                "error does not name the MachineDeployment {name:?}: {message}"
+            );
+            if let AutoscaleError::Annotation { annotation, .. } = e {
+                assert!(
+                    !annotation.is_empty() && message.contains(annotation.as_str()),
+                    "error does not name its annotation: {message}"
+                );
+            }
+        }
+    }
+    let (pools, errors) = parse_pools(std::slice::from_ref(&md));
+    if is_pool(&md) {
+        match parsed {
+            Ok(p) => assert!(pools == [p] && errors.is_empty(), "parse_pools differs"),
+            Err(e) => assert!(pools.is_empty() && errors == [e], "parse_pools differs"),
+        }
+    } else {
+        assert!(
+            pools.is_empty() && errors.is_empty(),
+            "a MachineDeployment without size annotations was read as a pool"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The seeds must reach both sides of the parser, or the fuzzer starts blind to one.
+    #[test]
+    fn the_autoscale_seeds_reach_accepted_pools_and_each_kind_of_error() {
+        use gpuops_autoscale::AutoscaleError;
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/corpus/autoscale_annotations"
+        );
+        let (mut ok, mut annotation, mut pool) = (0, 0, 0);
+        for e in std::fs::read_dir(dir).unwrap() {
+            let data = std::fs::read(e.unwrap().path()).unwrap();
+            let Ok(md) = serde_json::from_slice::<serde_json::Value>(&data) else {
+                continue;
+            };
+            match gpuops_autoscale::pool::parse_pool(&md) {
+                Ok(_) => ok += 1,
+                Err(AutoscaleError::Annotation { .. }) => annotation += 1,
+                Err(AutoscaleError::Pool { .. }) => pool += 1,
+            }
+        }
+        assert!(
+            ok >= 3 && annotation >= 2 && pool >= 1,
+            "{ok} ok, {annotation} annotation errors, {pool} pool errors"
+        );
     }
 }

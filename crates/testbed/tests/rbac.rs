@@ -1,11 +1,10 @@
-//! Least privilege, proven for the node agent (deploy/gpuops.yaml) and the scheduler extender
-//! (deploy/scheduler/rbac.yaml): with each one's own ServiceAccount token, every resource the
-//! apiserver serves x every verb is asked (SelfSubjectAccessReview) and must be allowed exactly
-//! as listed here; a handful of real requests must be Forbidden. The manifest checks (no wildcard
-//! rules, pod security settings, every hostPath documented in SECURITY.md) need no cluster.
-//!
-//! The controller's ClusterRole (branch wip/ctl) gets the same test once merged: add its grants
-//! as a `const` like `AGENT` and a test like `the_agent_may_do_exactly_what_it_needs`.
+//! Least privilege, proven for the node agent (deploy/gpuops.yaml), the scheduler extender
+//! (deploy/scheduler/rbac.yaml) and the controller (the chart's templates/controller.yaml,
+//! rendered by Helm with `controller.enabled=true`): with each one's own ServiceAccount token,
+//! every resource the apiserver serves x every verb is asked (SelfSubjectAccessReview) and must be
+//! allowed exactly as listed here; a handful of real requests must be Forbidden. The manifest
+//! checks (no wildcard rules, pod security settings, every hostPath documented in SECURITY.md)
+//! need no cluster; the controller's need Helm only.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use gpuops_testbed::rbac::{self, Grant};
@@ -33,6 +32,45 @@ const AGENT: &[Grant<'static>] = &[
 const EXTENDER: &[Grant<'static>] = &[
     ("", "nodes", &["get", "list", "watch"], None),
     ("", "pods", &["get", "list", "watch"], None),
+];
+
+/// The controller, from what its code calls: reflectors (list, watch) on nodes, pods, PDBs,
+/// MachineDeployments and Machines; cordon (patch nodes); evictions; a Machine read and annotated
+/// before its pool's scale subresource is lowered; events.k8s.io Events (kube's Recorder creates,
+/// then patches a repeat); in its own namespace the leader Lease (kube-lease-manager: get, create,
+/// patch) and the status ConfigMap (server-side apply: patch, create the first time).
+/// crates/controller/tests/e2e_controller.rs runs the controller on this chart's role.
+const CONTROLLER: &[Grant<'static>] = &[
+    ("", "nodes", &["list", "watch", "patch"], None),
+    ("", "pods", &["list", "watch"], None),
+    ("", "pods/eviction", &["create"], None),
+    ("policy", "poddisruptionbudgets", &["list", "watch"], None),
+    (
+        "cluster.x-k8s.io",
+        "machinedeployments",
+        &["list", "watch"],
+        None,
+    ),
+    (
+        "cluster.x-k8s.io",
+        "machinedeployments/scale",
+        &["patch"],
+        None,
+    ),
+    (
+        "cluster.x-k8s.io",
+        "machines",
+        &["get", "list", "watch", "patch"],
+        None,
+    ),
+    ("events.k8s.io", "events", &["create", "patch"], None),
+    (
+        "coordination.k8s.io",
+        "leases",
+        &["get", "create", "patch"],
+        Some("gpuops"),
+    ),
+    ("", "configmaps", &["create", "patch"], Some("gpuops")),
 ];
 
 /// Every hostPath the chart mounts; SECURITY.md says why each is needed.
@@ -117,6 +155,89 @@ fn security_md_explains_every_host_path_and_the_agent_mounts_no_other() {
     );
 }
 
+/// The chart's controller objects (release gpuops in namespace gpuops, as deploy/gpuops.yaml is
+/// rendered), by the Helm the test bed builds: deploy/gpuops.yaml leaves the controller off.
+fn controller_manifest() -> String {
+    let bin = std::env::var(gpuops_testbed::BIN_ENV).unwrap_or_else(|_| {
+        panic!(
+            "{} is not set: run tests/k8s/build.sh",
+            gpuops_testbed::BIN_ENV
+        )
+    });
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpuops");
+    let out = std::process::Command::new(Path::new(&bin).join("helm"))
+        .arg("template")
+        .arg("gpuops")
+        .arg(&chart)
+        .args([
+            "-n",
+            "gpuops",
+            "--set",
+            "controller.enabled=true",
+            "--show-only",
+            "templates/controller.yaml",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Just enough of Cluster API's CRDs that discovery lists the kinds the controller touches (and
+/// their scale subresource), so every verb on them is asked, not only the granted ones.
+const CAPI_CRDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: machinedeployments.cluster.x-k8s.io}
+spec:
+  group: cluster.x-k8s.io
+  scope: Namespaced
+  names: {plural: machinedeployments, singular: machinedeployment, kind: MachineDeployment}
+  versions:
+  - name: v1beta2
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: machines.cluster.x-k8s.io}
+spec:
+  group: cluster.x-k8s.io
+  scope: Namespaced
+  names: {plural: machines, singular: machine, kind: Machine}
+  versions:
+  - name: v1beta2
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+    subresources: {status: {}}
+"#;
+
+#[test]
+#[ignore = "needs Helm (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_controllers_role_has_no_wildcard_and_its_pod_is_locked_down() {
+    let manifest = controller_manifest();
+    let found = rbac::wildcard_rules(&manifest).unwrap();
+    assert!(found.is_empty(), "{found:#?}");
+    let kinds: Vec<String> = rbac::documents(&manifest)
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["kind"].as_str().map(str::to_string))
+        .collect();
+    assert!(kinds.contains(&"Deployment".to_string()), "{kinds:?}");
+    // No hostPath at all: the controller only talks to the apiserver.
+    let problems = rbac::pod_security_problems(&manifest, &[]).unwrap();
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
 fn started_with(manifest: &str, namespace: &str, account: &str) -> (Cluster, String) {
     let cluster = Cluster::start(ClusterOptions {
         scheduler: false,
@@ -196,6 +317,58 @@ fn the_extender_may_do_exactly_what_it_needs() {
         assert!(
             rbac::forbidden(&cluster, &user, args).unwrap(),
             "extender: kubectl {args:?} was not Forbidden"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_controller_may_do_exactly_what_it_needs() {
+    let manifest = controller_manifest();
+    let (cluster, user) = started_with(&manifest, "gpuops", "gpuops-controller");
+    cluster.apply(CAPI_CRDS).unwrap();
+    gpuops_testbed::wait_until(
+        "discovery to serve the Cluster API kinds",
+        std::time::Duration::from_secs(30),
+        || {
+            rbac::discover(&cluster).is_ok_and(|r| {
+                r.iter().any(|a| {
+                    a.group == "cluster.x-k8s.io" && a.resource == "machinedeployments/scale"
+                }) && r
+                    .iter()
+                    .any(|a| a.group == "cluster.x-k8s.io" && a.resource == "machines")
+            })
+        },
+    )
+    .unwrap();
+    let report = rbac::assert_exact_access(&cluster, &user, CONTROLLER);
+    assert!(
+        report.resources > 50,
+        "discovery listed {}",
+        report.resources
+    );
+    eprintln!(
+        "controller: {} questions over {} resources, exactly as expected",
+        report.checked, report.resources
+    );
+    for args in [
+        &["get", "secrets", "-n", "gpuops"][..],
+        &["get", "configmaps", "-n", "kube-system"],
+        &["delete", "node", "any-node"],
+        &["delete", "pod", "any-pod", "-n", "default"],
+        &["create", "namespace", "evil"],
+        &[
+            "delete",
+            "machinedeployment.cluster.x-k8s.io",
+            "any-md",
+            "-n",
+            "default",
+        ],
+        &["get", "leases", "-n", "kube-system"],
+    ] {
+        assert!(
+            rbac::forbidden(&cluster, &user, args).unwrap(),
+            "controller: kubectl {args:?} was not Forbidden"
         );
     }
 }
