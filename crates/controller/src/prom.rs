@@ -24,6 +24,25 @@ pub fn query(idle: Duration) -> String {
     )
 }
 
+/// Checks a `--prometheus-url` value before anything starts: an http:// or https:// URL with
+/// a host.
+///
+/// # Errors
+/// Another scheme, or no host; the message names the value.
+pub fn check_url(text: &str) -> Result<String, ControllerError> {
+    let t = text.trim();
+    let rest = t
+        .strip_prefix("http://")
+        .or_else(|| t.strip_prefix("https://"))
+        .ok_or_else(|| bad(t, "not an http:// or https:// URL"))?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = host.rsplit('@').next().unwrap_or("");
+    if host.is_empty() || host.starts_with(':') {
+        return Err(bad(t, "the URL has no host"));
+    }
+    Ok(t.to_string())
+}
+
 /// `/api/v1/query?query=...` under `base` (a trailing `/` on `base` is fine).
 pub fn query_url(base: &str, idle: Duration) -> String {
     format!(
@@ -224,6 +243,22 @@ mod tests {
             "{u}"
         );
         assert!(u.contains("%5B60s%5D"), "{u}");
+    }
+
+    #[test]
+    fn check_url_accepts_http_and_refuses_the_rest() {
+        assert_eq!(check_url(" http://p:9090/ ").unwrap(), "http://p:9090/");
+        assert!(check_url("https://u:pw@prom.example/prometheus").is_ok());
+        for (bad, want) in [
+            ("prom:9090", "not an http:// or https:// URL"),
+            ("ftp://p", "not an http:// or https:// URL"),
+            ("http://", "no host"),
+            ("http://:9090", "no host"),
+            ("https://u:p@/x", "no host"),
+        ] {
+            let e = check_url(bad).unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains(want), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -77,12 +77,7 @@ pub struct Args {
 }
 
 fn parse_url(s: &str) -> Result<String, String> {
-    let t = s.trim();
-    if t.starts_with("http://") || t.starts_with("https://") {
-        Ok(t.to_string())
-    } else {
-        Err(format!("{s:?} is not an http:// or https:// URL"))
-    }
+    gpuops_controller::prom::check_url(s).map_err(|e| e.to_string())
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -122,7 +117,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         },
         metrics_address: args.metrics_address,
         dry_run: args.dry_run,
-        prometheus_url: args.prometheus_url.clone().filter(|u| !u.is_empty()),
+        prometheus_url: args.prometheus_url.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
