@@ -15,4 +15,7 @@ pub enum ControllerError {
     Serve(#[from] gpuops_serve::ServeError),
     #[error("status ConfigMap {name}: {message}")]
     Status { name: String, message: String },
+    /// The GPU utilization feed (`--prometheus-url`).
+    #[error("Prometheus {url}: {message}")]
+    Prometheus { url: String, message: String },
 }

@@ -21,6 +21,9 @@ pub struct Metrics {
     pub decision_us_sum: AtomicU64,
     /// (pool, stage) -> nodes in flight, from the last decision.
     pub in_flight: Mutex<Vec<(String, String, u32)>>,
+    /// Seconds since Prometheus last answered the utilization query (-1 before the first);
+    /// `None` without --prometheus-url.
+    pub gpu_util_age: Mutex<Option<f64>>,
 }
 
 impl Metrics {
@@ -115,6 +118,12 @@ impl Metrics {
                     "gpuops_autoscaler_nodes_in_flight{{pool=\"{pool}\",stage=\"{stage}\"}} {n}"
                 );
             }
+        }
+        if let Ok(Some(age)) = self.gpu_util_age.lock().map(|a| *a) {
+            let _ = writeln!(
+                s,
+                "# HELP gpuops_autoscaler_gpu_util_age_seconds Seconds since Prometheus last answered the GPU utilization query (-1: never).\n# TYPE gpuops_autoscaler_gpu_util_age_seconds gauge\ngpuops_autoscaler_gpu_util_age_seconds {age}"
+            );
         }
         s
     }

@@ -40,6 +40,8 @@ pub struct ControllerConfig {
     pub metrics_address: SocketAddr,
     /// Decide and publish the status, change nothing.
     pub dry_run: bool,
+    /// Prometheus base URL for measured GPU utilization (`None`: only the pod-based rule).
+    pub prometheus_url: Option<String>,
 }
 
 fn now_ms() -> u64 {
@@ -116,6 +118,7 @@ struct Ctx {
     pdbs: Store<PodDisruptionBudget>,
     mds: Store<DynamicObject>,
     machines: Store<DynamicObject>,
+    gpu_util: Option<Arc<crate::prom::Feed>>,
 }
 
 /// Runs until `shutdown` turns true.
@@ -163,6 +166,19 @@ pub async fn run(
         });
     }
 
+    let gpu_util = match &cfg.prometheus_url {
+        Some(url) => {
+            let feed = Arc::new(crate::prom::Feed::default());
+            crate::prom::spawn(
+                url.clone(),
+                cfg.decision.scale_down_idle,
+                feed.clone(),
+                shutdown.clone(),
+            )?;
+            Some(feed)
+        }
+        None => None,
+    };
     let notify = Arc::new(Notify::new());
     let md_ar = act::capi("MachineDeployment");
     let machine_ar = act::capi("Machine");
@@ -189,6 +205,7 @@ pub async fn run(
         client: client.clone(),
         metrics: metrics.clone(),
         cfg: cfg.clone(),
+        gpu_util,
     };
 
     // Ready once every cache has its first list; a missing CRD keeps the controller unready
@@ -293,7 +310,17 @@ async fn pass(
     let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
     let pods: Vec<Pod> = ctx.pods.state().iter().map(|p| (**p).clone()).collect();
     let pdbs: Vec<PodDisruptionBudget> = ctx.pdbs.state().iter().map(|p| (**p).clone()).collect();
-    let util = HashMap::new();
+    let util = match &ctx.gpu_util {
+        Some(feed) => {
+            let now = std::time::Instant::now();
+            let age = feed.age(now).map_or(-1.0, |a| a.as_secs_f64());
+            if let Ok(mut a) = ctx.metrics.gpu_util_age.lock() {
+                *a = Some(age);
+            }
+            feed.fresh(now, crate::prom::STALE_AFTER)
+        }
+        None => HashMap::new(),
+    };
     let (snap, errors) = snapshot::build(
         &Objects {
             machine_deployments: &mds,

@@ -66,6 +66,18 @@ pub struct Args {
     /// Decide and publish the status, change nothing in the cluster.
     #[arg(long)]
     dry_run: bool,
+    /// Prometheus base URL (http:// or https://, credentials in the URL become basic auth).
+    /// Every 30s the controller asks its /api/v1/query for each node's peak
+    /// DCGM_FI_DEV_GPU_UTIL over --scale-down-idle (label Hostname or hostname); a node whose
+    /// GPU pods kept the GPUs at or below --idle-util-pct counts as idle. The last answer is
+    /// kept while Prometheus is slow or down, a node's value for at most 5 minutes; a node
+    /// without a value falls back to the pod-based rule. [default: off]
+    #[arg(long, env = "GPUOPS_PROMETHEUS_URL", value_parser = parse_url)]
+    prometheus_url: Option<String>,
+}
+
+fn parse_url(s: &str) -> Result<String, String> {
+    gpuops_controller::prom::check_url(s).map_err(|e| e.to_string())
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -105,6 +117,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         },
         metrics_address: args.metrics_address,
         dry_run: args.dry_run,
+        prometheus_url: args.prometheus_url.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
