@@ -1,0 +1,390 @@
+//! `gpuops controller` scale-down on the test bed: what keeps an idle GPU node (a
+//! PodDisruptionBudget, a do-not-disrupt pod, the pool's minimum) and that the node goes once
+//! that is lifted. Real apiserver, scheduler, controller-manager (its disruption controller
+//! computes the PDB status), Cluster API core controllers and the test infrastructure provider.
+//!
+//! Needs GPUOPS_K8S_BIN and `eval $(tests/k8s/build.sh capi)` (GPUOPS_CAPI_BIN); scripts/test sets
+//! both and runs these with `--ignored`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use gpuops_testbed::{CapiOptions, Cluster, ClusterApi, ClusterOptions, NodeShape, PoolSpec};
+use std::time::{Duration, Instant};
+
+/// The idle period of the controller under test; the "kept" windows below outlast it by several
+/// resyncs (2 s).
+const IDLE: Duration = Duration::from_secs(5);
+const KEPT_WINDOW: Duration = Duration::from_secs(14);
+
+/// The controller in this process, stopped when dropped.
+struct Controller {
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Controller {
+    fn start(cluster: &Cluster) -> Controller {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let config = gpuops_controller::ControllerConfig {
+            client: gpuops_kube::ClientOptions {
+                kubeconfig: Some(cluster.kubeconfig()),
+                ..gpuops_kube::ClientOptions::default()
+            },
+            namespace: "default".into(),
+            identity: "solo".into(),
+            lease: None,
+            resync: Duration::from_secs(2),
+            decision: gpuops_autoscale::Config {
+                batch_idle: Duration::from_millis(500),
+                batch_max: Duration::from_secs(3),
+                scale_down_idle: IDLE,
+                ..gpuops_autoscale::Config::default()
+            },
+            metrics_address: "127.0.0.1:0".parse().unwrap(),
+            dry_run: false,
+            prometheus_url: None,
+        };
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            if let Err(e) = rt.block_on(gpuops_controller::run(config, stopped)) {
+                eprintln!("controller stopped: {e}");
+            }
+        });
+        Controller {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn bed() -> (Cluster, ClusterApi) {
+    let cluster = Cluster::start(ClusterOptions {
+        kwok: true,
+        controller_manager: true,
+        ..ClusterOptions::default()
+    })
+    .unwrap();
+    let capi = cluster.start_cluster_api(CapiOptions::default()).unwrap();
+    (cluster, capi)
+}
+
+/// A pool already at `replicas` nodes (the test provider brings them up; no scale-up needed).
+fn pool(name: &str, min: u32, replicas: u32) -> PoolSpec {
+    let mut shape = NodeShape::gpu("NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu", 8);
+    shape.boot_delay = Duration::from_secs(1);
+    shape.devices_delay = Duration::from_secs(2);
+    let mut p = PoolSpec::new(name, shape);
+    p.min = min;
+    p.replicas = replicas;
+    p.annotations
+        .insert("gpuops.io/price-per-hour".into(), "98.32".into());
+    p.annotations.insert(
+        "gpuops.io/gpu-product".into(),
+        "NVIDIA-H100-80GB-HBM3".into(),
+    );
+    p
+}
+
+/// A pod bound to `node` (KWOK runs it at once). `gpus` 0: a plain CPU pod.
+fn pod(name: &str, node: &str, gpus: u32, labels: &str, annotations: &str) -> String {
+    let limits = if gpus > 0 {
+        format!(", \"limits\": {{\"nvidia.com/gpu\": \"{gpus}\"}}")
+    } else {
+        String::new()
+    };
+    format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod",
+  "metadata": {{"name": "{name}", "namespace": "default", "labels": {{{labels}}}, "annotations": {{{annotations}}}}},
+  "spec": {{"nodeName": "{node}", "terminationGracePeriodSeconds": 0,
+    "containers": [{{"name": "c", "image": "example.invalid/app:1",
+      "resources": {{"requests": {{"cpu": "100m"}}{limits}}}}}]}}}}"#
+    )
+}
+
+fn wait_running(cluster: &Cluster, names: &[&str]) {
+    gpuops_testbed::wait_until("the test pods Running", Duration::from_secs(60), || {
+        names.iter().all(|n| {
+            cluster
+                .kubectl(&["get", "pod", n, "-o", "jsonpath={.status.phase}"])
+                .is_ok_and(|p| p.trim() == "Running")
+        })
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", dump(cluster)));
+}
+
+fn dump(cluster: &Cluster) -> String {
+    let objects = cluster
+        .kubectl(&[
+            "get",
+            "machines.cluster.x-k8s.io,nodes,pods,pdb",
+            "-A",
+            "-o",
+            "wide",
+        ])
+        .unwrap_or_default();
+    format!("{objects}\n{}", events(cluster))
+}
+
+/// Every event's reason and text (the controller's are events.k8s.io with a note).
+fn events(cluster: &Cluster) -> String {
+    cluster
+        .kubectl(&[
+            "get",
+            "events",
+            "-A",
+            "-o",
+            "custom-columns=R:.reason,M:.note,MSG:.message",
+        ])
+        .unwrap_or_default()
+}
+
+/// Waits for the controller's ScaleDownBlocked event about `node` saying `why`.
+fn wait_blocked(cluster: &Cluster, node: &str, why: &str) {
+    let about = format!("node {node} is unneeded");
+    gpuops_testbed::wait_until(
+        &format!("a ScaleDownBlocked event for {node} ({why})"),
+        Duration::from_secs(60),
+        || {
+            events(cluster)
+                .lines()
+                .any(|l| l.starts_with("ScaleDownBlocked") && l.contains(&about) && l.contains(why))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", dump(cluster)));
+}
+
+/// The Node of each of the pool's Machines (all of them have one).
+fn nodes_of(capi: &ClusterApi, pool: &str) -> Vec<String> {
+    capi.machines(pool)
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.node)
+        .collect()
+}
+
+fn cordoned(cluster: &Cluster, node: &str) -> bool {
+    cluster
+        .kubectl(&["get", "node", node, "-o", "jsonpath={.spec.unschedulable}"])
+        .is_ok_and(|s| s.trim() == "true")
+}
+
+/// Over the whole window, the pool keeps a Machine for each of `nodes`, none of them cordoned,
+/// and every pod in `pods` stays (not evicted).
+fn stays_for(cluster: &Cluster, capi: &ClusterApi, pool: &str, nodes: &[&str], pods: &[&str]) {
+    let end = Instant::now() + KEPT_WINDOW;
+    while Instant::now() < end {
+        let have = nodes_of(capi, pool);
+        for n in nodes {
+            assert!(
+                have.iter().any(|h| h == n),
+                "node {n} was removed: {have:?}\n{}",
+                dump(cluster)
+            );
+            assert!(
+                !cordoned(cluster, n),
+                "node {n} cordoned\n{}",
+                dump(cluster)
+            );
+        }
+        for p in pods {
+            let gone = cluster
+                .kubectl(&[
+                    "get",
+                    "pod",
+                    p,
+                    "-o",
+                    "jsonpath={.metadata.deletionTimestamp}",
+                ])
+                .map_or(true, |t| !t.trim().is_empty());
+            assert!(!gone, "pod {p} evicted\n{}", dump(cluster));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn wait_removed(cluster: &Cluster, capi: &ClusterApi, pool: &str, node: &str) {
+    gpuops_testbed::wait_until(
+        &format!("node {node}'s Machine removed"),
+        Duration::from_secs(60),
+        || !nodes_of(capi, pool).iter().any(|n| n == node),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", dump(cluster)));
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn a_pdb_keeps_an_idle_node_until_it_is_deleted() {
+    let (cluster, capi) = bed();
+    capi.add_pool(&pool("h100", 0, 2)).unwrap();
+    let usable = capi
+        .wait_usable_nodes("h100", 2, Duration::from_secs(60))
+        .unwrap();
+    let (busy, idle) = (usable[0].as_str(), usable[1].as_str());
+    // The busy node runs a GPU pod (needed); the idle one only a CPU pod that a PDB allows no
+    // disruption of. A bare pod: the disruption controller counts it for minAvailable.
+    cluster
+        .apply(&pod("trainer", busy, 8, "", ""))
+        .and_then(|_| cluster.apply(&pod("guarded", idle, 0, r#""app": "guarded""#, "")))
+        .and_then(|_| {
+            cluster.apply(
+                r#"{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": "keep-guarded", "namespace": "default"},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}"#,
+            )
+        })
+        .unwrap();
+    wait_running(&cluster, &["trainer", "guarded"]);
+    gpuops_testbed::wait_until(
+        "the PDB's status computed (0 disruptions allowed, 1 healthy)",
+        Duration::from_secs(30),
+        || {
+            cluster
+                .kubectl(&[
+                    "get",
+                    "pdb",
+                    "keep-guarded",
+                    "-o",
+                    "jsonpath={.status.currentHealthy}/{.status.disruptionsAllowed}",
+                ])
+                .is_ok_and(|s| s.trim() == "1/0")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", dump(&cluster)));
+    // Started only now, so neither node looked idle before its pods were there.
+    let _controller = Controller::start(&cluster);
+
+    wait_blocked(
+        &cluster,
+        idle,
+        "would violate PodDisruptionBudget default/keep-guarded (0 disruption(s) allowed, 1 needed)",
+    );
+    stays_for(
+        &cluster,
+        &capi,
+        "h100",
+        &[busy, idle],
+        &["trainer", "guarded"],
+    );
+
+    cluster.kubectl(&["delete", "pdb", "keep-guarded"]).unwrap();
+    wait_removed(&cluster, &capi, "h100", idle);
+    // The needed node and its GPU pod were left alone, and the pool settled at one node.
+    assert_eq!(nodes_of(&capi, "h100"), vec![busy.to_string()]);
+    assert_eq!(
+        capi.machine_deployment("h100").unwrap()["spec"]["replicas"],
+        1
+    );
+    wait_running(&cluster, &["trainer"]);
+    let ev = events(&cluster);
+    assert!(
+        ev.lines()
+            .any(|l| l.starts_with("ScaleDown ") && l.contains(&format!("removing node {idle}"))),
+        "{ev}"
+    );
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn do_not_disrupt_pods_are_never_evicted_and_keep_their_node() {
+    let (cluster, capi) = bed();
+    capi.add_pool(&pool("h100", 0, 2)).unwrap();
+    let usable = capi
+        .wait_usable_nodes("h100", 2, Duration::from_secs(60))
+        .unwrap();
+    let (a, b) = (usable[0].as_str(), usable[1].as_str());
+    // Neither node has a GPU pod: both are idle, each kept by one of the two annotations.
+    cluster
+        .apply(&pod(
+            "karpenter-pinned",
+            a,
+            0,
+            "",
+            r#""karpenter.sh/do-not-disrupt": "true""#,
+        ))
+        .and_then(|_| {
+            cluster.apply(&pod(
+                "gpuops-pinned",
+                b,
+                0,
+                "",
+                r#""gpuops.io/do-not-disrupt": "true""#,
+            ))
+        })
+        .unwrap();
+    wait_running(&cluster, &["karpenter-pinned", "gpuops-pinned"]);
+    let _controller = Controller::start(&cluster);
+
+    wait_blocked(
+        &cluster,
+        a,
+        "pod default/karpenter-pinned is annotated do-not-disrupt",
+    );
+    wait_blocked(
+        &cluster,
+        b,
+        "pod default/gpuops-pinned is annotated do-not-disrupt",
+    );
+    stays_for(
+        &cluster,
+        &capi,
+        "h100",
+        &[a, b],
+        &["karpenter-pinned", "gpuops-pinned"],
+    );
+
+    // The annotation is what kept it: without it the same node goes.
+    cluster
+        .kubectl(&[
+            "annotate",
+            "pod",
+            "gpuops-pinned",
+            "gpuops.io/do-not-disrupt-",
+        ])
+        .unwrap();
+    wait_removed(&cluster, &capi, "h100", b);
+    assert_eq!(nodes_of(&capi, "h100"), vec![a.to_string()]);
+    wait_running(&cluster, &["karpenter-pinned"]);
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn an_idle_node_is_kept_at_the_pools_minimum() {
+    let (cluster, capi) = bed();
+    capi.add_pool(&pool("h100", 1, 2)).unwrap();
+    let usable = capi
+        .wait_usable_nodes("h100", 2, Duration::from_secs(60))
+        .unwrap();
+    // Both nodes idle, no pods at all: one goes, the other is the minimum and stays.
+    let _controller = Controller::start(&cluster);
+    gpuops_testbed::wait_until(
+        "the pool down to its minimum of 1",
+        Duration::from_secs(60),
+        || capi.machines("h100").is_ok_and(|m| m.len() == 1),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", dump(&cluster)));
+    let left = nodes_of(&capi, "h100");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(usable.contains(&left[0]), "{left:?} not one of {usable:?}");
+    wait_blocked(
+        &cluster,
+        &left[0],
+        "but pool default/h100 is at its minimum size 1",
+    );
+    stays_for(&cluster, &capi, "h100", &[&left[0]], &[]);
+    assert_eq!(
+        capi.machine_deployment("h100").unwrap()["spec"]["replicas"],
+        1
+    );
+}
