@@ -7,83 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use gpuops_testbed::scenario::{self, Autoscaler, Scenario};
-use gpuops_testbed::{CapiOptions, Cluster, ClusterApi, ClusterOptions, NodeShape, PoolSpec};
+use gpuops_testbed::{ClusterApi, NodeShape, PoolSpec};
 use std::time::Duration;
 
-/// The controller in this process, stopped when dropped.
-struct Controller {
-    stop: tokio::sync::watch::Sender<bool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Controller {
-    fn start(cluster: &Cluster, identity: &str, lease: bool) -> Controller {
-        Controller::start_as(cluster.kubeconfig(), identity, lease)
-    }
-
-    fn start_as(kubeconfig: std::path::PathBuf, identity: &str, lease: bool) -> Controller {
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let config = gpuops_controller::ControllerConfig {
-            client: gpuops_kube::ClientOptions {
-                kubeconfig: Some(kubeconfig),
-                ..gpuops_kube::ClientOptions::default()
-            },
-            namespace: "default".into(),
-            identity: identity.into(),
-            lease: lease.then(|| gpuops_kube::LeaseOptions {
-                namespace: "default".into(),
-                name: "gpuops-controller".into(),
-                identity: identity.into(),
-                duration: Duration::from_secs(6),
-                grace: Duration::from_secs(2),
-            }),
-            resync: Duration::from_secs(2),
-            decision: gpuops_autoscale::Config {
-                batch_idle: Duration::from_millis(500),
-                batch_max: Duration::from_secs(3),
-                scale_down_idle: Duration::from_secs(5),
-                ..gpuops_autoscale::Config::default()
-            },
-            metrics_address: "127.0.0.1:0".parse().unwrap(),
-            dry_run: false,
-            prometheus_url: None,
-        };
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            if let Err(e) = rt.block_on(gpuops_controller::run(config, stopped)) {
-                eprintln!("controller stopped: {e}");
-            }
-        });
-        Controller {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn bed() -> (Cluster, ClusterApi) {
-    let cluster = Cluster::start(ClusterOptions {
-        kwok: true,
-        controller_manager: true,
-        ..ClusterOptions::default()
-    })
-    .unwrap();
-    let capi = cluster.start_cluster_api(CapiOptions::default()).unwrap();
-    (cluster, capi)
-}
+mod common;
+use common::{Controller, bed};
 
 fn pool(name: &str, gpus: u32, price: &str) -> PoolSpec {
     let mut shape = NodeShape::gpu("NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu", gpus);

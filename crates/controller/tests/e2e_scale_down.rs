@@ -7,78 +7,15 @@
 //! both and runs these with `--ignored`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use gpuops_testbed::{CapiOptions, Cluster, ClusterApi, ClusterOptions, NodeShape, PoolSpec};
+use gpuops_testbed::{Cluster, ClusterApi, NodeShape, PoolSpec};
+
+mod common;
+use common::{Controller, bed};
 use std::time::{Duration, Instant};
 
-/// The idle period of the controller under test; the "kept" windows below outlast it by several
-/// resyncs (2 s).
-const IDLE: Duration = Duration::from_secs(5);
+/// How long a kept node is watched: it outlasts the controller's idle period
+/// (`common::SCALE_DOWN_IDLE`) by several resyncs (2 s).
 const KEPT_WINDOW: Duration = Duration::from_secs(14);
-
-/// The controller in this process, stopped when dropped.
-struct Controller {
-    stop: tokio::sync::watch::Sender<bool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Controller {
-    fn start(cluster: &Cluster) -> Controller {
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let config = gpuops_controller::ControllerConfig {
-            client: gpuops_kube::ClientOptions {
-                kubeconfig: Some(cluster.kubeconfig()),
-                ..gpuops_kube::ClientOptions::default()
-            },
-            namespace: "default".into(),
-            identity: "solo".into(),
-            lease: None,
-            resync: Duration::from_secs(2),
-            decision: gpuops_autoscale::Config {
-                batch_idle: Duration::from_millis(500),
-                batch_max: Duration::from_secs(3),
-                scale_down_idle: IDLE,
-                ..gpuops_autoscale::Config::default()
-            },
-            metrics_address: "127.0.0.1:0".parse().unwrap(),
-            dry_run: false,
-            prometheus_url: None,
-        };
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            if let Err(e) = rt.block_on(gpuops_controller::run(config, stopped)) {
-                eprintln!("controller stopped: {e}");
-            }
-        });
-        Controller {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn bed() -> (Cluster, ClusterApi) {
-    let cluster = Cluster::start(ClusterOptions {
-        kwok: true,
-        controller_manager: true,
-        ..ClusterOptions::default()
-    })
-    .unwrap();
-    let capi = cluster.start_cluster_api(CapiOptions::default()).unwrap();
-    (cluster, capi)
-}
 
 /// A pool already at `replicas` nodes (the test provider brings them up; no scale-up needed).
 fn pool(name: &str, min: u32, replicas: u32) -> PoolSpec {
@@ -263,7 +200,7 @@ fn a_pdb_keeps_an_idle_node_until_it_is_deleted() {
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", dump(&cluster)));
     // Started only now, so neither node looked idle before its pods were there.
-    let _controller = Controller::start(&cluster);
+    let _controller = Controller::start(&cluster, "solo", false);
 
     wait_blocked(
         &cluster,
@@ -324,7 +261,7 @@ fn do_not_disrupt_pods_are_never_evicted_and_keep_their_node() {
         })
         .unwrap();
     wait_running(&cluster, &["karpenter-pinned", "gpuops-pinned"]);
-    let _controller = Controller::start(&cluster);
+    let _controller = Controller::start(&cluster, "solo", false);
 
     wait_blocked(
         &cluster,
@@ -367,7 +304,7 @@ fn an_idle_node_is_kept_at_the_pools_minimum() {
         .wait_usable_nodes("h100", 2, Duration::from_secs(60))
         .unwrap();
     // Both nodes idle, no pods at all: one goes, the other is the minimum and stays.
-    let _controller = Controller::start(&cluster);
+    let _controller = Controller::start(&cluster, "solo", false);
     gpuops_testbed::wait_until(
         "the pool down to its minimum of 1",
         Duration::from_secs(60),
