@@ -321,36 +321,7 @@ impl Cluster {
         args: &[&str],
         input: Option<&str>,
     ) -> Result<String, BedError> {
-        use std::io::Write;
-        let mut cmd = Command::new(self.bin.join("kubectl"));
-        cmd.arg(format!(
-            "--kubeconfig={}",
-            self.kubeconfig_for(user).display()
-        ))
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().map_err(|source| BedError::Spawn {
-            what: "kubectl".into(),
-            source,
-        })?;
-        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-            stdin
-                .write_all(text.as_bytes())
-                .map_err(|e| BedError::io("writing to kubectl", e))?;
-        }
-        let out = child
-            .wait_with_output()
-            .map_err(|e| BedError::io("running kubectl", e))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(BedError::Kubectl {
-                args: args.join(" "),
-                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            })
-        }
+        crate::kubectl::Kubectl::new(&self.bin, &self.kubeconfig_for(user)).run(args, input)
     }
 
     /// `kubectl get ARGS -o json` as JSON.

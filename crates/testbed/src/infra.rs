@@ -360,20 +360,7 @@ pub(crate) fn execute(kube: &Kubectl, action: &Action) -> Result<(), BedError> {
             status,
         } => {
             let patch = json!({ "status": status }).to_string();
-            kube.run(
-                &[
-                    "patch",
-                    resource,
-                    name,
-                    "-n",
-                    namespace,
-                    "--subresource=status",
-                    "--type=merge",
-                    "-p",
-                    &patch,
-                ],
-                None,
-            )?;
+            kube.patch_status(resource, name, Some(namespace), &patch)?;
         }
         Action::Provision {
             namespace,
@@ -399,20 +386,7 @@ pub(crate) fn execute(kube: &Kubectl, action: &Action) -> Result<(), BedError> {
             let status = json!({"status": {"initialization": {"provisioned": true}, "ready": true,
                 "addresses": [{"type": "Hostname", "address": name}]}})
             .to_string();
-            kube.run(
-                &[
-                    "patch",
-                    &resource,
-                    name,
-                    "-n",
-                    namespace,
-                    "--subresource=status",
-                    "--type=merge",
-                    "-p",
-                    &status,
-                ],
-                None,
-            )?;
+            kube.patch_status(&resource, name, Some(namespace), &status)?;
         }
         Action::Reject {
             namespace,
@@ -421,20 +395,7 @@ pub(crate) fn execute(kube: &Kubectl, action: &Action) -> Result<(), BedError> {
         } => {
             let resource = format!("gpuopstestmachines.{INFRA_GROUP}");
             let status = json!({"status": {"gpuopsError": message}}).to_string();
-            kube.run(
-                &[
-                    "patch",
-                    &resource,
-                    name,
-                    "-n",
-                    namespace,
-                    "--subresource=status",
-                    "--type=merge",
-                    "-p",
-                    &status,
-                ],
-                None,
-            )?;
+            kube.patch_status(&resource, name, Some(namespace), &status)?;
         }
         Action::CreateNode(node) => {
             if let Err(e) = kube.run(&["create", "-f", "-"], Some(&node.to_string())) {
@@ -447,18 +408,7 @@ pub(crate) fn execute(kube: &Kubectl, action: &Action) -> Result<(), BedError> {
             }
         }
         Action::PatchNodeStatus { name, patch } => {
-            kube.run(
-                &[
-                    "patch",
-                    "node",
-                    name,
-                    "--subresource=status",
-                    "--type=merge",
-                    "-p",
-                    &patch.to_string(),
-                ],
-                None,
-            )?;
+            kube.patch_status("node", name, None, &patch.to_string())?;
         }
         Action::SetTaints { name, taints } => {
             let patch = json!({"spec": {"taints": taints}}).to_string();

@@ -266,17 +266,11 @@ impl Cluster {
         let ready_status = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
             "reason": "Ready", "message": "", "observedGeneration": 1,
             "lastTransitionTime": rfc3339_now()}]}});
-        kube.run(
-            &[
-                "patch",
-                "kwoknodeclasses.karpenter.kwok.sh",
-                NODE_CLASS,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                &ready_status.to_string(),
-            ],
+        kube.patch_status(
+            "kwoknodeclasses.karpenter.kwok.sh",
+            NODE_CLASS,
             None,
+            &ready_status.to_string(),
         )?;
         kube.apply(&node_pool(&options).to_string())?;
 

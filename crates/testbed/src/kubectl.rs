@@ -57,6 +57,22 @@ impl Kubectl {
         }
     }
 
+    /// A JSON merge patch of an object's status subresource; `namespace` None: cluster-scoped.
+    pub(crate) fn patch_status(
+        &self,
+        resource: &str,
+        name: &str,
+        namespace: Option<&str>,
+        patch: &str,
+    ) -> Result<String, BedError> {
+        let mut args = vec!["patch", resource, name];
+        if let Some(ns) = namespace {
+            args.extend(["-n", ns]);
+        }
+        args.extend(["--subresource=status", "--type=merge", "-p", patch]);
+        self.run(&args, None)
+    }
+
     /// `kubectl get ARGS -o json` as JSON.
     pub(crate) fn get_json(&self, args: &[&str]) -> Result<serde_json::Value, BedError> {
         let mut full = vec!["get"];
