@@ -117,16 +117,19 @@ impl Reader<'_> {
     }
 }
 
-/// `k=v,k2=v2` (CA's labels annotation).
-fn parse_labels(r: &Reader<'_>, key: &str) -> Result<BTreeMap<String, String>, AutoscaleError> {
-    let mut out = BTreeMap::new();
-    for part in r
-        .get(key)
+/// The non-empty, trimmed items of a comma-separated annotation (absent: none).
+fn list_items<'r>(r: &'r Reader<'_>, key: &str) -> impl Iterator<Item = &'r str> {
+    r.get(key)
         .unwrap_or("")
         .split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())
-    {
+}
+
+/// `k=v,k2=v2` (CA's labels annotation).
+fn parse_labels(r: &Reader<'_>, key: &str) -> Result<BTreeMap<String, String>, AutoscaleError> {
+    let mut out = BTreeMap::new();
+    for part in list_items(r, key) {
         let Some((k, v)) = part.split_once('=') else {
             return Err(r.bad(key, format!("{part:?} is not key=value")));
         };
@@ -141,13 +144,7 @@ fn parse_labels(r: &Reader<'_>, key: &str) -> Result<BTreeMap<String, String>, A
 /// `key=value:Effect,key2:Effect` (CA's taints annotation).
 fn parse_taints(r: &Reader<'_>, key: &str) -> Result<Vec<Taint>, AutoscaleError> {
     let mut out = Vec::new();
-    for part in r
-        .get(key)
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-    {
+    for part in list_items(r, key) {
         let Some((kv, effect)) = part.rsplit_once(':') else {
             return Err(r.bad(key, format!("{part:?} is not key=value:Effect")));
         };
@@ -175,13 +172,7 @@ fn parse_taints(r: &Reader<'_>, key: &str) -> Result<Vec<Taint>, AutoscaleError>
 /// MIG devices per GPU in `1g.10gb=7,2g.20gb=1`.
 fn parse_mig_devices(r: &Reader<'_>, key: &str) -> Result<BTreeMap<String, u64>, AutoscaleError> {
     let mut out = BTreeMap::new();
-    for part in r
-        .get(key)
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-    {
+    for part in list_items(r, key) {
         let Some((profile, n)) = part.split_once('=') else {
             return Err(r.bad(
                 key,
