@@ -6,7 +6,7 @@ use gpuops_autoscale::{
     AutoscaleError, DO_NOT_DISRUPT, Machine, Millis, Node as ANode, PODS, Pdb, PendingPod, Pool,
     RunningPod, Snapshot, Stage,
 };
-use gpuops_kubemodel::fit::{NodeConstraints, Requirement, Taint, Term, Toleration};
+use gpuops_kubemodel::fit::Taint;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde_json::Value;
@@ -147,52 +147,6 @@ fn devices_ready(n: &Node, pool: &Pool) -> bool {
     gpu_ok && mig_ok
 }
 
-fn pod_constraints(p: &Pod) -> (Vec<Toleration>, NodeConstraints) {
-    let Some(spec) = &p.spec else {
-        return (Vec::new(), NodeConstraints::default());
-    };
-    let tolerations = spec
-        .tolerations
-        .iter()
-        .flatten()
-        .map(|t| Toleration {
-            key: t.key.clone().unwrap_or_default(),
-            operator: t.operator.clone().unwrap_or_default(),
-            value: t.value.clone().unwrap_or_default(),
-            effect: t.effect.clone().unwrap_or_default(),
-        })
-        .collect();
-    let req = |r: &k8s_openapi::api::core::v1::NodeSelectorRequirement| Requirement {
-        key: r.key.clone(),
-        operator: r.operator.clone(),
-        values: r.values.clone().unwrap_or_default(),
-    };
-    let affinity = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .map(|sel| {
-            sel.node_selector_terms
-                .iter()
-                .map(|t| Term {
-                    expressions: t.match_expressions.iter().flatten().map(req).collect(),
-                    fields: t.match_fields.iter().flatten().map(req).collect(),
-                })
-                .collect()
-        });
-    (
-        tolerations,
-        NodeConstraints {
-            node_selector: spec.node_selector.clone().unwrap_or_default(),
-            affinity,
-        },
-    )
-}
-
 /// A pending pod asking a GPU resource, as the decision sees it; `None` for other pods.
 pub fn pending_pod(p: &Pod, now: Millis) -> Option<PendingPod> {
     let spec = p.spec.as_ref()?;
@@ -219,7 +173,7 @@ pub fn pending_pod(p: &Pod, now: Millis) -> Option<PendingPod> {
         .filter(|(k, v)| k.starts_with("nvidia.com/mig-") && **v > 0.0)
         .map(|(k, v)| (k.clone(), v.ceil() as u64))
         .collect();
-    let (tolerations, constraints) = pod_constraints(p);
+    let (tolerations, constraints) = gpuops_kubemodel::pod_constraints(p);
     let ask = gpuops_kubemodel::pod_ask(p);
     Some(PendingPod {
         key: key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()),

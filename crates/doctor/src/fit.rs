@@ -1,9 +1,7 @@
 //! The scheduler's node filters the doctor recomputes: taints/tolerations, nodeSelector and
 //! required node affinity.
 
-use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
-};
+use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Taint, Toleration};
 use std::collections::BTreeMap;
 
 /// The taint the node lifecycle puts on a cordoned node; the doctor treats `spec.unschedulable` as it.
@@ -69,32 +67,9 @@ pub fn tolerates_all(pod: &Pod, taints: &[Taint]) -> bool {
 
 /// Whether the pod's nodeSelector and required node affinity admit a node with these labels.
 pub fn selects(pod: &Pod, node_name: &str, labels: &BTreeMap<String, String>) -> bool {
-    let Some(spec) = pod.spec.as_ref() else {
-        return true;
-    };
-    let selector_ok = spec
-        .node_selector
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    if !selector_ok {
-        return false;
-    }
-    let required = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        });
-    match required {
-        None => true,
-        Some(sel) => sel
-            .node_selector_terms
-            .iter()
-            .any(|t| term_matches(t, node_name, labels)),
-    }
+    gpuops_kubemodel::pod_constraints(pod)
+        .1
+        .admits(node_name, labels)
 }
 
 /// Whether the pod constrains nodes at all (nodeSelector or required node affinity).
@@ -187,34 +162,6 @@ fn describe_requirement(r: &NodeSelectorRequirement) -> String {
     }
 }
 
-fn term_matches(
-    term: &NodeSelectorTerm,
-    node_name: &str,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
-    let fields = term.match_fields.as_deref().unwrap_or(&[]);
-    // A term with no requirement matches nothing (the scheduler's rule).
-    if exprs.is_empty() && fields.is_empty() {
-        return false;
-    }
-    exprs
-        .iter()
-        .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
-        && fields.iter().all(|r| {
-            let value = (r.key == "metadata.name").then_some(node_name);
-            requirement_matches(r, value)
-        })
-}
-
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    gpuops_kubemodel::fit::requirement_matches(
-        &r.operator,
-        r.values.as_deref().unwrap_or(&[]),
-        value,
-    )
-}
-
 /// A taint as `key=value:Effect`.
 pub fn describe_taint(t: &Taint) -> String {
     match t.value.as_deref().filter(|v| !v.is_empty()) {
@@ -240,7 +187,9 @@ pub fn toleration_yaml(t: &Taint) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, NodeSelector, PodSpec};
+    use k8s_openapi::api::core::v1::{
+        Affinity, NodeAffinity, NodeSelector, NodeSelectorTerm, PodSpec,
+    };
 
     fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
         Taint {

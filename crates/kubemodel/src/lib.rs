@@ -515,6 +515,55 @@ fn shape(ask: &PodAsk, req: &PodReq) -> PodSpec {
     }
 }
 
+/// A pod's tolerations and its nodeSelector and required node affinity, as plain values for the
+/// scheduler's filter rules in [`fit`].
+#[cfg(feature = "k8s")]
+pub fn pod_constraints(p: &Pod) -> (Vec<fit::Toleration>, fit::NodeConstraints) {
+    let Some(spec) = &p.spec else {
+        return (Vec::new(), fit::NodeConstraints::default());
+    };
+    let tolerations = spec
+        .tolerations
+        .iter()
+        .flatten()
+        .map(|t| fit::Toleration {
+            key: t.key.clone().unwrap_or_default(),
+            operator: t.operator.clone().unwrap_or_default(),
+            value: t.value.clone().unwrap_or_default(),
+            effect: t.effect.clone().unwrap_or_default(),
+        })
+        .collect();
+    let req = |r: &k8s_openapi::api::core::v1::NodeSelectorRequirement| fit::Requirement {
+        key: r.key.clone(),
+        operator: r.operator.clone(),
+        values: r.values.clone().unwrap_or_default(),
+    };
+    let affinity = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|sel| {
+            sel.node_selector_terms
+                .iter()
+                .map(|t| fit::Term {
+                    expressions: t.match_expressions.iter().flatten().map(req).collect(),
+                    fields: t.match_fields.iter().flatten().map(req).collect(),
+                })
+                .collect()
+        });
+    (
+        tolerations,
+        fit::NodeConstraints {
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            affinity,
+        },
+    )
+}
+
 #[cfg(all(test, feature = "k8s"))]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
