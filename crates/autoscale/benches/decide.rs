@@ -148,8 +148,16 @@ fn main() {
     let pct = |q: f64| times[((times.len() as f64 - 1.0) * q).round() as usize];
     let d = last.unwrap();
     let bought: u32 = d.scale_ups.iter().map(|s| s.to - s.from).sum();
+    let cost: f64 = d
+        .scale_ups
+        .iter()
+        .map(|s| {
+            let p = snap.pools.iter().find(|p| p.name == s.pool).unwrap();
+            p.price_per_hour * f64::from(s.to - s.from)
+        })
+        .sum();
     println!(
-        "decide: 1000 nodes, 10000 pending pods, {runs} runs: p50 {:.1} ms, p99 {:.1} ms (target < 200 ms); {} scale-ups buying {bought} nodes, {} plans",
+        "decide: 1000 nodes, 10000 pending pods, {runs} runs: p50 {:.1} ms, p99 {:.1} ms (target < 200 ms); {} scale-ups buying {bought} nodes for {cost:.0}/h, {} plans",
         pct(0.5).as_secs_f64() * 1e3,
         pct(0.99).as_secs_f64() * 1e3,
         d.scale_ups.len(),

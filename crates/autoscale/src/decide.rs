@@ -485,7 +485,7 @@ pub(crate) fn scale_up(
     // the batch again over the in-flight nodes plus what was bought, exactly as the next
     // decision will (it sees the bought nodes as in flight), and bought again for what would
     // not fit. From an empty start the check reproduces the purchase step for step (see
-    // `greedy`), so it passes at once; with older nodes in flight it may take another round.
+    // `pack`), so it passes at once; with older nodes in flight it may take another round.
     let units = Units::new(&snap.pools);
     let batch = Batch::new(snap, &rest, &shape_of, n_shapes, &units);
     let npools = snap.pools.len();
@@ -517,7 +517,7 @@ pub(crate) fn scale_up(
     for round in 0..ROUNDS {
         let mut left: Vec<usize> = batch.pods.iter().map(Vec::len).collect();
         let mut supply: Vec<u32> = (0..npools)
-            .map(|j| u32::try_from(slot_names[j].len()).unwrap_or(u32::MAX) + bought[j])
+            .map(|j| u32::try_from(slot_names[j].len()).map_or(u32::MAX, |n| n.saturating_add(bought[j])))
             .collect();
         let placed = pack(&snap.pools, &mut supply, &batch, &mut left);
         let mut cursor = vec![0usize; batch.pods.len()];
