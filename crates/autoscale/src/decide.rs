@@ -517,7 +517,9 @@ pub(crate) fn scale_up(
     for round in 0..ROUNDS {
         let mut left: Vec<usize> = batch.pods.iter().map(Vec::len).collect();
         let mut supply: Vec<u32> = (0..npools)
-            .map(|j| u32::try_from(slot_names[j].len()).map_or(u32::MAX, |n| n.saturating_add(bought[j])))
+            .map(|j| {
+                u32::try_from(slot_names[j].len()).map_or(u32::MAX, |n| n.saturating_add(bought[j]))
+            })
             .collect();
         let placed = pack(&snap.pools, &mut supply, &batch, &mut left);
         let mut cursor = vec![0usize; batch.pods.len()];
@@ -940,7 +942,9 @@ type Picks = Vec<(usize, Vec<(usize, usize)>)>;
 /// only the pools whose fill used the pods just taken are filled again; that keeps a decision
 /// buying thousands of nodes within its time.
 fn pack(pools: &[Pool], supply: &mut [u32], batch: &Batch<'_>, left: &mut [usize]) -> Picks {
-    let mut best: Option<(Picks, Vec<usize>, Vec<u32>, (f64, f64, usize))> = None;
+    // A packing's picks, the pods and supply it leaves, and (demand unplaced, cost, nodes).
+    type Packed = (Picks, Vec<usize>, Vec<u32>, (f64, f64, usize));
+    let mut best: Option<Packed> = None;
     for anchored in [false, true] {
         let mut l = left.to_vec();
         let mut s = supply.to_vec();
