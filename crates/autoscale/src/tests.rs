@@ -1258,3 +1258,28 @@ fn property_the_purchase_is_near_the_cheapest() {
         "{nodes} nodes where the cheapest purchases take {nodes_opt}"
     );
 }
+
+#[test]
+fn shared_replicas_count_the_same_whichever_pool_serves_them() {
+    // Four 1-replica pods: a 1-GPU pool split 4 ways ($4) or a 2-GPU pool split 2 ways ($6)
+    // holds all four. Measured in each pool's own replicas, the second would serve "2 GPUs"
+    // and look cheaper per unit; measured once for all pools, the cheaper node wins.
+    let mut a = base_ann("0", "10", "1", "4");
+    a.push((pool::GPU_REPLICAS, "4"));
+    let quarter = pool::parse_pool(&md("quarter", 0, &a)).unwrap();
+    let mut a = base_ann("0", "10", "2", "6");
+    a.push((pool::GPU_REPLICAS, "2"));
+    let half = pool::parse_pool(&md("half", 0, &a)).unwrap();
+    let snap = Snapshot {
+        pools: vec![half, quarter],
+        pending: (0..4).map(|i| shared_pod(&format!("a/s{i}"))).collect(),
+        ..Snapshot::default()
+    };
+    let d = decide(&snap, &mut State::default(), S, &cfg());
+    let got: Vec<_> = d
+        .scale_ups
+        .iter()
+        .map(|s| (s.pool.as_str(), s.to - s.from))
+        .collect();
+    assert_eq!(got, vec![("capi/quarter", 1)]);
+}
