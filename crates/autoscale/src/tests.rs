@@ -838,7 +838,7 @@ fn random_cluster(r: &mut Rng) -> Snapshot {
 }
 
 #[test]
-fn property_bounds_one_scale_up_per_need_cheapest() {
+fn property_bounds_and_one_scale_up_per_need() {
     let mut r = Rng(0x9e37_79b9_7f4a_7c15);
     for case in 0..400 {
         let mut snap = random_cluster(&mut r);
@@ -864,33 +864,38 @@ fn property_bounds_one_scale_up_per_need_cheapest() {
             );
             assert!(p.replicas - removed >= p.min || removed == 0, "case {case}");
         }
-        // Every pod sent to a new node went to the cheapest pool whose empty node could take it
-        // and that had room when it was chosen (pods fill earlier new nodes first).
-        // The first pod of a scale-up is the one that opened that pool's first new node.
+        // Every new node was opened by a pod that an empty node of its pool can run, and no
+        // node is bought empty: its pool gets at least as many pods planned onto new nodes as
+        // it gets nodes. (Which pool is the cheapest packing is checked against an optimum
+        // computed independently: `property_the_purchase_is_near_the_cheapest`.)
         for su in &d.scale_ups {
-            let pool = &su.pool;
+            let chosen = snap.pools.iter().find(|p| p.name == su.pool).unwrap();
             assert_eq!(su.triggered_by.len() as u32, su.to - su.from, "case {case}");
             for opener in &su.triggered_by {
                 let pod = snap.pending.iter().find(|p| &p.key == opener).unwrap();
-                let chosen = snap.pools.iter().find(|p| &p.name == pool).unwrap();
-                for other in &snap.pools {
-                    let feasible = template_misfit(&other.template, pod).is_none()
-                        && other.replicas < other.max;
-                    if feasible && other.price_per_hour < chosen.price_per_hour {
-                        // Allowed only if the cheaper pool ran out of room in this decision.
-                        let bought = d
-                            .scale_ups
-                            .iter()
-                            .find(|s| s.pool == other.name)
-                            .map_or(other.replicas, |s| s.to);
-                        assert_eq!(
-                            bought, other.max,
-                            "case {case}: {} chose {pool} over cheaper {}",
-                            pod.key, other.name
-                        );
-                    }
-                }
+                assert_eq!(
+                    template_misfit(&chosen.template, pod),
+                    None,
+                    "case {case}: {opener} opened a node of {} that cannot run it",
+                    su.pool
+                );
             }
+            let planned = d
+                .plans
+                .iter()
+                .filter(|p| {
+                    p.plan
+                        == Plan::NewNode {
+                            pool: su.pool.clone(),
+                        }
+                })
+                .count() as u32;
+            assert!(
+                planned >= su.to - su.from,
+                "case {case}: {} nodes of {} for {planned} pods",
+                su.to - su.from,
+                su.pool
+            );
         }
         // One need, one scale-up: applying the decision and deciding again buys nothing more.
         apply(&mut snap, &d);
@@ -967,4 +972,314 @@ fn property_nodes_bought_are_close_to_the_minimum() {
             "case {case}: {sizes:?} on {gpus}: {got} vs {min}"
         );
     }
+}
+
+// ---- the cost of what is bought, against an optimum computed here ----
+
+/// The cheapest purchase for whole-GPU pods of `sizes` from pools of `(GPUs per node, price)`
+/// (no size limits), and the fewest nodes among the purchases at that cost, independent of the
+/// decision's greedy: a DP over the multisets of pods left (counts per size), where each node
+/// holds a multiset whose GPUs fit it, priced by the cheapest pool that does. Prices are whole
+/// numbers, so sums compare exactly.
+fn optimum(sizes: &[u32], pools: &[(u32, u64)]) -> (u64, u32) {
+    let mut kinds: Vec<(u32, usize)> = Vec::new();
+    for &g in sizes {
+        match kinds.iter_mut().find(|k| k.0 == g) {
+            Some(k) => k.1 += 1,
+            None => kinds.push((g, 1)),
+        }
+    }
+    let node_price = |g: u32| pools.iter().filter(|(c, _)| *c >= g).map(|(_, p)| *p).min();
+    // Counts as a mixed-radix index.
+    let radix: Vec<usize> = kinds.iter().map(|k| k.1 + 1).collect();
+    let states: usize = radix.iter().product();
+    let decode = |mut i: usize| -> Vec<usize> {
+        radix
+            .iter()
+            .map(|r| {
+                let d = i % r;
+                i /= r;
+                d
+            })
+            .collect()
+    };
+    let encode =
+        |c: &[usize]| -> usize { c.iter().zip(&radix).rev().fold(0, |i, (d, r)| i * r + d) };
+    let mut best: Vec<Option<(u64, u32)>> = vec![None; states];
+    best[0] = Some((0, 0));
+    for i in 1..states {
+        let c = decode(i);
+        // The node holding one pod of the first kind left: every sub-multiset with it.
+        let first = c.iter().position(|&d| d > 0).unwrap();
+        let mut s = vec![0usize; c.len()];
+        loop {
+            // Next sub-multiset s <= c (odometer).
+            let mut k = 0;
+            while k < c.len() {
+                if s[k] < c[k] {
+                    s[k] += 1;
+                    break;
+                }
+                s[k] = 0;
+                k += 1;
+            }
+            if k == c.len() {
+                break;
+            }
+            if s[first] == 0 {
+                continue;
+            }
+            let g: u32 = s.iter().zip(&kinds).map(|(n, k)| *n as u32 * k.0).sum();
+            let rest: Vec<usize> = c.iter().zip(&s).map(|(a, b)| a - b).collect();
+            if let (Some(p), Some((cost, nodes))) = (node_price(g), best[encode(&rest)]) {
+                let cand = (cost + p, nodes + 1);
+                if best[i].is_none_or(|b| cand < b) {
+                    best[i] = Some(cand);
+                }
+            }
+        }
+    }
+    best[states - 1].unwrap()
+}
+
+/// What a decision bought: its cost by the snapshot's prices, and the nodes.
+fn bought_cost(snap: &Snapshot, d: &Decision) -> (f64, u32) {
+    let mut cost = 0.0;
+    for su in &d.scale_ups {
+        let p = snap.pools.iter().find(|p| p.name == su.pool).unwrap();
+        cost += p.price_per_hour * f64::from(su.to - su.from);
+    }
+    (cost, launched(d))
+}
+
+fn burst_pods() -> Vec<PendingPod> {
+    let mut pending = Vec::new();
+    for (count, gpus) in [(8, 1u64), (6, 2), (4, 4), (2, 8)] {
+        for i in 0..count {
+            pending.push(gpu_pod(&format!("burst/g{gpus}-{i}"), gpus));
+        }
+    }
+    pending
+}
+
+#[test]
+fn a_burst_over_pools_at_the_same_price_per_gpu_buys_the_fewest_nodes() {
+    // The bench's burst: 20 pods asking 52 GPUs; 8x, 4x and 1x pools at $12.29 per GPU-hour.
+    // Picking per pod the cheapest node that fits bought 18 nodes here (every 1-GPU pod its own
+    // 1x node); packing the batch needs 7.
+    let pools = [(8u32, 9832u64), (4, 4916), (1, 1229)];
+    let mut snap = Snapshot {
+        pools: pools
+            .iter()
+            .map(|(g, cents)| gpu_pool(&format!("h100-{g}x"), 100, *g, *cents as f64 / 100.0, 0))
+            .collect(),
+        pending: burst_pods(),
+        ..Snapshot::default()
+    };
+    let sizes: Vec<u32> = snap.pending.iter().map(|p| p.gpu_count as u32).collect();
+    let d = decide(&snap, &mut State::default(), S, &cfg());
+    let (cost, nodes) = bought_cost(&snap, &d);
+    assert_eq!(optimum(&sizes, &pools), (52 * 1229, 7));
+    assert_eq!(
+        ((cost * 100.0).round() as u64, nodes),
+        optimum(&sizes, &pools),
+        "{:?}",
+        d.scale_ups
+    );
+    // Half the burst (26 GPUs): 4 nodes cannot hold exactly 26 GPUs of 8x/4x/1x, so the
+    // cheapest purchase takes 5.
+    let half: Vec<u32> = sizes.iter().step_by(2).copied().collect();
+    snap.pending = snap.pending.into_iter().step_by(2).collect();
+    let d = decide(&snap, &mut State::default(), S, &cfg());
+    let (cost, nodes) = bought_cost(&snap, &d);
+    assert_eq!(
+        ((cost * 100.0).round() as u64, nodes),
+        optimum(&half, &pools),
+        "{:?}",
+        d.scale_ups
+    );
+    // And the full burst buys once.
+    snap.pending = burst_pods();
+    let d = decide(&snap, &mut State::default(), S, &cfg());
+    apply(&mut snap, &d);
+    let again = decide(&snap, &mut State::default(), 2 * S, &cfg());
+    assert!(again.scale_ups.is_empty(), "{:?}", again.scale_ups);
+    assert!(
+        again
+            .plans
+            .iter()
+            .all(|p| matches!(p.plan, Plan::InFlight { .. })),
+        "{:?}",
+        again.plans
+    );
+}
+
+#[test]
+fn a_small_node_cheaper_per_gpu_wins_and_a_big_one_cheaper_per_gpu_wins_the_batch() {
+    let big = |price: f64| gpu_pool("big", 10, 8, price, 0);
+    let small = |price: f64| gpu_pool("small", 10, 1, price, 0);
+    let buy = |pools: Vec<Pool>, pods: usize| {
+        let snap = Snapshot {
+            pools,
+            pending: (0..pods).map(|i| gpu_pod(&format!("a/p{i}"), 1)).collect(),
+            ..Snapshot::default()
+        };
+        let d = decide(&snap, &mut State::default(), S, &cfg());
+        d.scale_ups
+            .iter()
+            .map(|s| (s.pool.clone(), s.to - s.from))
+            .collect::<Vec<_>>()
+    };
+    // The 1x node is cheaper per GPU: one pod, and eight, go on 1x nodes.
+    assert_eq!(
+        buy(vec![big(98.32), small(10.0)], 1),
+        vec![("capi/small".to_string(), 1)]
+    );
+    assert_eq!(
+        buy(vec![big(98.32), small(10.0)], 8),
+        vec![("capi/small".to_string(), 8)]
+    );
+    // The 8x node is cheaper per GPU: one pod still costs less on a 1x node, eight fill an 8x.
+    assert_eq!(
+        buy(vec![big(80.0), small(12.29)], 1),
+        vec![("capi/small".to_string(), 1)]
+    );
+    assert_eq!(
+        buy(vec![big(80.0), small(12.29)], 8),
+        vec![("capi/big".to_string(), 1)]
+    );
+    // Nine: one 8x and one 1x (92.29), not two 8x nor nine 1x.
+    let mut nine = buy(vec![big(80.0), small(12.29)], 9);
+    nine.sort();
+    assert_eq!(
+        nine,
+        vec![("capi/big".to_string(), 1), ("capi/small".to_string(), 1)]
+    );
+}
+
+#[test]
+fn property_the_purchase_is_near_the_cheapest() {
+    // Small random batches of whole-GPU pods over 1-3 pools with random prices; the decision's
+    // purchase against the optimum of `optimum`. Bound per case, from the greedy's analysis
+    // (decide.rs, `pack`): the set-cover greedy pays per GPU served at most twice OPT over the
+    // GPUs left, so it costs at most 2·H(W)·OPT for W GPUs requested, and the decision takes
+    // the cheaper of it and the anchored greedy. That bound is loose; over all cases together
+    // the purchase must also be the optimum in nearly every case and buy about the fewest
+    // nodes, which the rule before (per pod the cheapest node that fits) fails.
+    let mut r = Rng(0x5eed_cafe_f00d);
+    let (mut total, mut total_opt, mut exact, mut worst) = (0.0, 0.0, 0, 1.0f64);
+    let (mut nodes, mut nodes_opt) = (0u32, 0u32);
+    let mut off = Vec::new();
+    const CASES: usize = 300;
+    for case in 0..CASES {
+        let npools = 1 + r.below(3) as usize;
+        let pools: Vec<(u32, u64)> = (0..npools)
+            .map(|_| {
+                let g = [1u32, 2, 4, 8][r.below(4) as usize];
+                // Every other case the same price per GPU (only the packing decides, as in the
+                // bench); else per-GPU prices between 8 and 16 plus a per-node part of 0-5.
+                if case % 2 == 0 {
+                    (g, u64::from(g) * 12)
+                } else {
+                    (g, u64::from(g) * (8 + r.below(9)) + r.below(6))
+                }
+            })
+            .collect();
+        let cap = pools.iter().map(|p| p.0).max().unwrap();
+        let sizes: Vec<u32> = (0..1 + r.below(9))
+            .map(|_| 1 + r.below(u64::from(cap)) as u32)
+            .collect();
+        let snap = Snapshot {
+            pools: pools
+                .iter()
+                .enumerate()
+                .map(|(i, (g, p))| gpu_pool(&format!("p{i}"), 100, *g, *p as f64, 0))
+                .collect(),
+            pending: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, g)| gpu_pod(&format!("a/{i}"), u64::from(*g)))
+                .collect(),
+            ..Snapshot::default()
+        };
+        let d = decide(&snap, &mut State::default(), S, &cfg());
+        assert!(
+            d.plans
+                .iter()
+                .all(|p| matches!(p.plan, Plan::NewNode { .. })),
+            "case {case}: {:?}",
+            d.plans
+        );
+        let (cost, got_nodes) = bought_cost(&snap, &d);
+        let (opt, opt_nodes) = optimum(&sizes, &pools);
+        let opt = opt as f64;
+        nodes += got_nodes;
+        nodes_opt += opt_nodes;
+        let h: f64 = (1..=sizes.iter().sum::<u32>())
+            .map(|i| 1.0 / f64::from(i))
+            .sum();
+        assert!(
+            cost >= opt - 1e-9,
+            "case {case}: {cost} below the optimum {opt}?"
+        );
+        assert!(
+            cost <= 2.0 * h * opt + 1e-9,
+            "case {case}: {sizes:?} on {pools:?}: {cost} vs {opt}"
+        );
+        if cost > opt + 1e-9 {
+            let got: Vec<_> = d
+                .scale_ups
+                .iter()
+                .map(|s| (s.pool.clone(), s.to - s.from))
+                .collect();
+            off.push(format!(
+                "case {case}: {sizes:?} on {pools:?}: {cost} {got:?} vs {opt} in {opt_nodes} nodes"
+            ));
+        }
+        total += cost;
+        total_opt += opt;
+        exact += usize::from((cost - opt).abs() < 1e-9);
+        worst = worst.max(cost / opt);
+    }
+    println!(
+        "{CASES} cases: bought {:.4}x the optimum in total, {exact} exactly optimal, worst case {worst:.3}x; {nodes} nodes where the cheapest purchases take {nodes_opt}",
+        total / total_opt
+    );
+    // Measured with this seed: 297 of 300 exactly optimal, 1.0004x in total, 1150 nodes for
+    // 1145. The rule before (per pod the cheapest node that fits): 283, 1.0047x, 1205 nodes.
+    assert!(
+        exact * 100 >= CASES * 97 && total <= 1.002 * total_opt,
+        "{exact} of {CASES} optimal, {:.4}x in total; not optimal:\n{}",
+        total / total_opt,
+        off.join("\n")
+    );
+    assert!(
+        f64::from(nodes) <= 1.01 * f64::from(nodes_opt),
+        "{nodes} nodes where the cheapest purchases take {nodes_opt}"
+    );
+}
+
+#[test]
+fn shared_replicas_count_the_same_whichever_pool_serves_them() {
+    // Four 1-replica pods: a 1-GPU pool split 4 ways ($4) or a 2-GPU pool split 2 ways ($6)
+    // holds all four. Measured in each pool's own replicas, the second would serve "2 GPUs"
+    // and look cheaper per unit; measured once for all pools, the cheaper node wins.
+    let mut a = base_ann("0", "10", "1", "4");
+    a.push((pool::GPU_REPLICAS, "4"));
+    let quarter = pool::parse_pool(&md("quarter", 0, &a)).unwrap();
+    let mut a = base_ann("0", "10", "2", "6");
+    a.push((pool::GPU_REPLICAS, "2"));
+    let half = pool::parse_pool(&md("half", 0, &a)).unwrap();
+    let snap = Snapshot {
+        pools: vec![half, quarter],
+        pending: (0..4).map(|i| shared_pod(&format!("a/s{i}"))).collect(),
+        ..Snapshot::default()
+    };
+    let d = decide(&snap, &mut State::default(), S, &cfg());
+    let got: Vec<_> = d
+        .scale_ups
+        .iter()
+        .map(|s| (s.pool.as_str(), s.to - s.from))
+        .collect();
+    assert_eq!(got, vec![("capi/quarter", 1)]);
 }
