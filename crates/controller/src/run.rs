@@ -40,8 +40,8 @@ pub struct ControllerConfig {
     pub metrics_address: SocketAddr,
     /// Decide and publish the status, change nothing.
     pub dry_run: bool,
-    /// Prometheus base URL for measured GPU utilization (`None`: only the pod-based rule).
-    pub prometheus_url: Option<String>,
+    /// Prometheus for measured GPU utilization (`None`: only the pod-based rule).
+    pub prometheus: Option<crate::prom::Source>,
 }
 
 fn now_ms() -> u64 {
@@ -166,11 +166,11 @@ pub async fn run(
         });
     }
 
-    let gpu_util = match &cfg.prometheus_url {
-        Some(url) => {
+    let gpu_util = match &cfg.prometheus {
+        Some(source) => {
             let feed = Arc::new(crate::prom::Feed::default());
             crate::prom::spawn(
-                url.clone(),
+                source.clone(),
                 cfg.decision.scale_down_idle,
                 feed.clone(),
                 shutdown.clone(),
@@ -236,11 +236,13 @@ pub async fn run(
     let mut state = State::default();
     let mut previous: Option<Status> = None;
     let mut backoff = Duration::ZERO;
+    // After a failed pass nothing runs before this, whatever wakes the loop: with the apiserver
+    // gone every watcher's retry is a wake-up, and passes on each would hammer it when it returns.
+    let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
-        let wait = if backoff.is_zero() {
-            cfg.resync
-        } else {
-            backoff.min(cfg.resync)
+        let wait = match retry_at {
+            Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
+            None => cfg.resync,
         };
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
@@ -255,6 +257,10 @@ pub async fn run(
         if !is_leader || !probes.is_ready() {
             continue;
         }
+        if retry_at.is_some_and(|at| tokio::time::Instant::now() < at) {
+            continue;
+        }
+        retry_at = None;
         match pass(&ctx, &mut state, previous.as_ref()).await {
             Ok(s) => {
                 previous = Some(s);
@@ -273,8 +279,9 @@ pub async fn run(
                         )
                         / 1000.0;
                 backoff = (backoff.max(Duration::from_millis(500)) * 2)
-                    .min(Duration::from_secs(60))
+                    .min(Duration::from_secs(30))
                     .mul_f64(jitter);
+                retry_at = Some(tokio::time::Instant::now() + backoff);
                 tracing::warn!(error = %e, retry_in = ?backoff, "autoscaler pass failed");
             }
         }
@@ -437,43 +444,23 @@ async fn apply(
 }
 
 async fn record(ctx: &Ctx, e: &AEvent, mds: &HashMap<String, &Value>) -> Result<(), kube::Error> {
-    let split = |k: &str| {
-        let (ns, n) = k.split_once('/').unwrap_or(("default", k));
-        (ns.to_string(), n.to_string())
-    };
-    let reference = match &e.target {
+    let uid = match &e.target {
         Target::Pod(k) => {
-            let (ns, n) = split(k);
-            ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                namespace: Some(ns),
-                name: Some(n),
-                ..ObjectReference::default()
-            }
+            let (ns, n) = k.split_once('/').unwrap_or(("", k));
+            ctx.pods
+                .get(&reflector::ObjectRef::new(n).within(ns))
+                .and_then(|p| p.metadata.uid.clone())
         }
-        Target::Pool(k) => {
-            let (ns, n) = split(k);
-            ObjectReference {
-                api_version: Some(format!("{}/{}", act::CAPI_GROUP, act::CAPI_VERSION)),
-                kind: Some("MachineDeployment".into()),
-                namespace: Some(ns),
-                name: Some(n),
-                uid: mds
-                    .get(k)
-                    .and_then(|v| v["metadata"]["uid"].as_str())
-                    .map(str::to_string),
-                ..ObjectReference::default()
-            }
-        }
-        Target::Node(n) => ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(n.clone()),
-            namespace: Some("default".into()),
-            ..ObjectReference::default()
-        },
+        Target::Pool(k) => mds
+            .get(k)
+            .and_then(|v| v["metadata"]["uid"].as_str())
+            .map(str::to_string),
+        Target::Node(n) => ctx
+            .nodes
+            .get(&reflector::ObjectRef::new(n))
+            .and_then(|n| n.metadata.uid.clone()),
     };
+    let reference = reference(&e.target, uid);
     let event = Event {
         type_: if e.warning {
             EventType::Warning
@@ -486,6 +473,33 @@ async fn record(ctx: &Ctx, e: &AEvent, mds: &HashMap<String, &Value>) -> Result<
         secondary: None,
     };
     ctx.recorder.publish(&event, &reference).await
+}
+
+/// What an event is about. A Node is cluster-scoped: its reference has no namespace, and the
+/// Recorder then files the event in `default`, as client-go does for cluster-scoped objects
+/// (`kubectl describe node` finds it there by the Node's uid).
+fn reference(target: &Target, uid: Option<String>) -> ObjectReference {
+    let split = |k: &str| {
+        let (ns, n) = k.split_once('/').unwrap_or(("default", k));
+        (Some(ns.to_string()), Some(n.to_string()))
+    };
+    let (api_version, kind, (namespace, name)) = match target {
+        Target::Pod(k) => ("v1".to_string(), "Pod", split(k)),
+        Target::Pool(k) => (
+            format!("{}/{}", act::CAPI_GROUP, act::CAPI_VERSION),
+            "MachineDeployment",
+            split(k),
+        ),
+        Target::Node(n) => ("v1".to_string(), "Node", (None, Some(n.clone()))),
+    };
+    ObjectReference {
+        api_version: Some(api_version),
+        kind: Some(kind.into()),
+        namespace,
+        name,
+        uid,
+        ..ObjectReference::default()
+    }
 }
 
 async fn write_status(ctx: &Ctx, st: &Status) -> Result<(), ControllerError> {
@@ -545,4 +559,28 @@ pub async fn read_status(
         name: format!("{namespace}/{}", status::CONFIGMAP),
         message: format!("key {}: {e}", status::KEY),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_name_the_namespace_of_what_they_are_about_and_none_for_a_node() {
+        let pod = reference(&Target::Pod("ml/trainer".into()), Some("u1".into()));
+        assert_eq!(pod.namespace.as_deref(), Some("ml"));
+        assert_eq!(pod.name.as_deref(), Some("trainer"));
+        assert_eq!(pod.uid.as_deref(), Some("u1"));
+        let pool = reference(&Target::Pool("capi-system/h100".into()), None);
+        assert_eq!(pool.namespace.as_deref(), Some("capi-system"));
+        assert_eq!(pool.kind.as_deref(), Some("MachineDeployment"));
+        assert_eq!(
+            pool.api_version.as_deref(),
+            Some("cluster.x-k8s.io/v1beta2")
+        );
+        let node = reference(&Target::Node("gpu-1".into()), Some("u2".into()));
+        assert_eq!(node.namespace, None, "a Node is cluster-scoped");
+        assert_eq!(node.kind.as_deref(), Some("Node"));
+        assert_eq!(node.uid.as_deref(), Some("u2"));
+    }
 }

@@ -1,7 +1,7 @@
 //! The status the controller publishes in a ConfigMap (like Cluster Autoscaler's
 //! `cluster-autoscaler-status`), and its table rendering for `gpuops autoscaler status`.
 
-use gpuops_autoscale::{Decision, Millis, Plan, Snapshot};
+use gpuops_autoscale::{Decision, Millis, Plan, Snapshot, Target};
 use serde::{Deserialize, Serialize};
 
 /// Name of the status ConfigMap (in the controller's namespace).
@@ -22,8 +22,18 @@ pub struct Status {
     pub errors: Vec<String>,
     pub in_flight: Vec<InFlightStatus>,
     pub pending: Vec<PendingStatus>,
+    /// Unneeded nodes kept this pass, with what keeps them (a PodDisruptionBudget, a
+    /// do-not-disrupt pod, the pool's minimum).
+    #[serde(default)]
+    pub blocked: Vec<BlockedStatus>,
     /// The most recent actions, newest first.
     pub decisions: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockedStatus {
+    pub node: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -141,6 +151,20 @@ pub fn build(
         decisions.extend(prev.decisions.iter().cloned());
     }
     decisions.truncate(HISTORY);
+    // The decision states every blocked removal on every pass (not only when it changes), so
+    // this is the current list, not a history.
+    let blocked = d
+        .events
+        .iter()
+        .filter(|e| e.reason == "ScaleDownBlocked")
+        .filter_map(|e| match &e.target {
+            Target::Node(n) => Some(BlockedStatus {
+                node: n.clone(),
+                reason: e.message.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
     Status {
         time,
         leader: leader.to_string(),
@@ -148,6 +172,7 @@ pub fn build(
         errors: errors.to_vec(),
         in_flight,
         pending,
+        blocked,
         decisions,
     }
 }
@@ -233,6 +258,15 @@ pub fn render_table(s: &Status) -> String {
         out.push_str(&table(&["POD", "PLAN", "WHY"], &rows));
     }
     out.push('\n');
+    if !s.blocked.is_empty() {
+        let rows: Vec<Vec<String>> = s
+            .blocked
+            .iter()
+            .map(|b| vec![b.node.clone(), b.reason.clone()])
+            .collect();
+        out.push_str(&table(&["KEPT NODE", "WHY NOT REMOVED"], &rows));
+        out.push('\n');
+    }
     if s.decisions.is_empty() {
         out.push_str("No decisions yet.\n");
     } else {

@@ -207,6 +207,51 @@ fn a_pdb_keeps_an_idle_node_until_it_is_deleted() {
         idle,
         "would violate PodDisruptionBudget default/keep-guarded (0 disruption(s) allowed, 1 needed)",
     );
+    // The event is about the Node itself (cluster-scoped: no namespace in its reference, filed
+    // in `default` with the Node's uid), so `kubectl describe node` shows it.
+    let regarding = cluster
+        .kubectl(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "default",
+            "--field-selector",
+            "reason=ScaleDownBlocked",
+            "-o",
+            "jsonpath={range .items[*]}{.regarding.kind}/{.regarding.namespace}/{.regarding.name}/{.regarding.uid}{\"\\n\"}{end}",
+        ])
+        .unwrap();
+    let uid = cluster
+        .kubectl(&["get", "node", idle, "-o", "jsonpath={.metadata.uid}"])
+        .unwrap();
+    assert!(
+        regarding
+            .lines()
+            .any(|l| l == format!("Node//{idle}/{}", uid.trim())),
+        "{regarding}"
+    );
+    let described = cluster.kubectl(&["describe", "node", idle]).unwrap();
+    assert!(described.contains("ScaleDownBlocked"), "{described}");
+    // The status lists the kept node with what keeps it.
+    let status = cluster
+        .kubectl(&[
+            "get",
+            "configmap",
+            "gpuops-autoscaler-status",
+            "-o",
+            "jsonpath={.data.status\\.json}",
+        ])
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let blocked = status["blocked"].as_array().unwrap();
+    assert!(
+        blocked.iter().any(|b| b["node"] == idle
+            && b["reason"]
+                .as_str()
+                .unwrap()
+                .contains("PodDisruptionBudget default/keep-guarded")),
+        "{status}"
+    );
     stays_for(
         &cluster,
         &capi,
