@@ -1,6 +1,8 @@
 //! What the controller's e2e tests share: the controller run in the test process on a test bed
 //! with the Cluster API core controllers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+// Each test file uses a different part of it.
+#![allow(dead_code)]
 
 use gpuops_testbed::{CapiOptions, Cluster, ClusterApi, ClusterOptions};
 use std::time::Duration;
