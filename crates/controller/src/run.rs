@@ -44,6 +44,9 @@ pub struct ControllerConfig {
     pub prometheus: Option<crate::prom::Source>,
 }
 
+/// Events published at once per pass.
+const EVENTS_IN_PARALLEL: usize = 16;
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -389,20 +392,27 @@ async fn pass(
     if !ctx.cfg.dry_run {
         apply(ctx, &d, &by_name, &mut first_error).await;
     }
-    for e in &d.events {
-        if let Err(err) = record(ctx, e, &by_name).await {
-            tracing::debug!(error = %err, "event not recorded");
-        }
-    }
-    for e in &errors {
-        let ev = AEvent {
+    let invalid: Vec<AEvent> = errors
+        .iter()
+        .map(|e| AEvent {
             target: Target::Pool(e.pool().to_string()),
             reason: "InvalidPool".into(),
             message: e.to_string(),
             warning: true,
-        };
-        let _ = record(ctx, &ev, &by_name).await;
-    }
+        })
+        .collect();
+    // Several at a time: 10,000 new pending pods are 10,000 events, one by one most of a
+    // minute before the status is written.
+    futures::stream::iter(d.events.iter().chain(&invalid))
+        .for_each_concurrent(EVENTS_IN_PARALLEL, |e| {
+            let by_name = &by_name;
+            async move {
+                if let Err(err) = record(ctx, e, by_name).await {
+                    tracing::debug!(error = %err, "event not recorded");
+                }
+            }
+        })
+        .await;
     let st = status::build(&snap, &error_texts, &d, now, &ctx.cfg.identity, previous);
     write_status(ctx, &st).await?;
     match first_error {
