@@ -182,26 +182,115 @@ pub async fn fetch(
     idle: Duration,
 ) -> Result<HashMap<String, f64>, ControllerError> {
     let url = query_url(base, idle);
+    // Errors go to the log: never with the URL's password.
+    let shown = redact(base);
     let body = http
         .get(&url)
         .await
-        .map_err(|e| bad(base, gpuops_observe::chain(&e)))?;
-    parse(base, &body)
+        .map_err(|e| bad(&shown, gpuops_observe::chain(&e)))?;
+    parse(&shown, &body)
 }
 
-/// Polls every [`POLL`] into `feed` until `shutdown`. Each request has the HTTP client's
+/// How the controller reaches Prometheus.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Source {
+    /// Base URL, http:// or https://.
+    pub url: String,
+    /// File with a bearer token, read again before every query: projected service-account
+    /// tokens rotate while the controller runs.
+    pub bearer_token_file: Option<std::path::PathBuf>,
+    /// CA certificate (PEM) to trust for an https:// URL, besides the system's.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// How often to ask ([`POLL`] in production).
+    pub poll: Duration,
+}
+
+// The URL may carry basic-auth credentials: it is shown without them, and the token file is
+// shown by its path only.
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("url", &redact(&self.url))
+            .field("bearer_token_file", &self.bearer_token_file)
+            .field("ca_file", &self.ca_file)
+            .field("poll", &self.poll)
+            .finish()
+    }
+}
+
+/// `url` without `user:password@`.
+pub fn redact(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            match rest[..end].rfind('@') {
+                Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
+impl Source {
+    /// An HTTP client with the CA and the token as they are now.
+    ///
+    /// # Errors
+    /// A file that cannot be read, a CA that is not PEM; the message names the flag and the
+    /// file, never the token.
+    pub fn client(&self) -> Result<gpuops_observe::Http, ControllerError> {
+        let shown = redact(&self.url);
+        for (flag, file) in [
+            ("--prometheus-bearer-token-file", &self.bearer_token_file),
+            ("--prometheus-ca-file", &self.ca_file),
+        ] {
+            if let Some(f) = file {
+                std::fs::metadata(f)
+                    .map_err(|e| bad(&shown, format!("{flag} {}: {e}", f.display())))?;
+            }
+        }
+        if let Some(ca) = &self.ca_file {
+            // The TLS library takes a file without any certificate silently, and every
+            // https:// query would then fail on an unknown issuer instead.
+            let text = std::fs::read_to_string(ca).map_err(|e| {
+                bad(
+                    &shown,
+                    format!("--prometheus-ca-file {}: {e}", ca.display()),
+                )
+            })?;
+            if !text.contains("-----BEGIN CERTIFICATE-----") {
+                return Err(bad(
+                    &shown,
+                    format!(
+                        "--prometheus-ca-file {}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+                        ca.display()
+                    ),
+                ));
+            }
+        }
+        let opts = gpuops_observe::HttpOptions {
+            prometheus_token_file: self.bearer_token_file.clone(),
+            prometheus_ca: self.ca_file.clone(),
+            ..gpuops_observe::HttpOptions::default()
+        };
+        gpuops_observe::Http::new(&opts, true).map_err(|e| bad(&shown, gpuops_observe::chain(&e)))
+    }
+}
+
+/// Polls every `source.poll` into `feed` until `shutdown`. Each request has the HTTP client's
 /// timeout and runs here, never in the decision loop, which only reads `feed`.
 ///
 /// # Errors
-/// When the HTTP client cannot be set up.
+/// When the HTTP client cannot be set up (a token or CA file that cannot be read): checked
+/// once here so a wrong flag stops the start instead of only logging every 30 s.
 pub fn spawn(
-    base: String,
+    source: Source,
     idle: Duration,
     feed: Arc<Feed>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ControllerError> {
-    let http = gpuops_observe::Http::new(&gpuops_observe::HttpOptions::default(), true)
-        .map_err(|e| bad(&base, gpuops_observe::chain(&e)))?;
+    let mut http = source.client()?;
+    let base = source.url.clone();
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -216,7 +305,12 @@ pub fn spawn(
             }
             tokio::select! {
                 _ = shutdown.wait_for(|s| *s) => break,
-                () = tokio::time::sleep(POLL) => {}
+                () = tokio::time::sleep(source.poll) => {}
+            }
+            // The token file again (rotation); on failure the previous client is kept.
+            match source.client() {
+                Ok(h) => http = h,
+                Err(e) => tracing::warn!(error = %e, "keeping the previous Prometheus credentials"),
             }
         }
     });
@@ -372,11 +466,7 @@ mod tests {
                 body.len()
             );
             s.write_all(resp.as_bytes()).unwrap();
-            String::from_utf8_lossy(&got)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_string()
+            String::from_utf8_lossy(&got).into_owned()
         });
         (url, h)
     }
@@ -400,7 +490,8 @@ mod tests {
             .block_on(fetch(&http, &url, Duration::from_secs(600)))
             .unwrap();
         assert_eq!(m["gpu-0"], 12.0);
-        let line = h.join().unwrap();
+        let request = h.join().unwrap();
+        let line = request.lines().next().unwrap();
         assert!(
             line.starts_with("GET /api/v1/query?query=max%20by%20%28Hostname%2C%20hostname%29"),
             "{line}"
@@ -431,5 +522,97 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains(&dead), "{e}");
+    }
+
+    fn source(url: &str) -> Source {
+        Source {
+            url: url.to_string(),
+            bearer_token_file: None,
+            ca_file: None,
+            poll: POLL,
+        }
+    }
+
+    #[test]
+    fn the_bearer_token_is_sent_from_its_file_and_read_again_for_each_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "first-s3cret\n").unwrap();
+        let body = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        let mut src = source("");
+        src.bearer_token_file = Some(token.clone());
+        for want in ["first-s3cret", "rotated-s3cret"] {
+            let (url, h) = serve_once("200 OK", body);
+            src.url = url;
+            let http = src.client().unwrap();
+            runtime()
+                .block_on(fetch(&http, &src.url, Duration::from_secs(60)))
+                .unwrap();
+            let request = h.join().unwrap().to_ascii_lowercase();
+            assert!(
+                request.contains(&format!("authorization: bearer {want}\r\n")),
+                "{request}"
+            );
+            std::fs::write(&token, "rotated-s3cret").unwrap();
+        }
+        // What may reach a log: the source's Debug and the client's errors.
+        let shown = format!("{src:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("token"), "names the file: {shown}");
+        let dead = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let e = runtime()
+            .block_on(fetch(
+                &src.client().unwrap(),
+                &dead,
+                Duration::from_secs(60),
+            ))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn url_passwords_stay_out_of_debug_and_errors() {
+        let src = source("http://admin:pa55word@127.0.0.1:1/prom");
+        let shown = format!("{src:?}");
+        assert!(!shown.contains("pa55word"), "{shown}");
+        assert!(shown.contains("http://***@127.0.0.1:1/prom"), "{shown}");
+        assert_eq!(redact("https://p.example/x@y"), "https://p.example/x@y");
+        let e = runtime()
+            .block_on(fetch(
+                &src.client().unwrap(),
+                &src.url,
+                Duration::from_secs(60),
+            ))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("pa55word") && e.contains("127.0.0.1:1"), "{e}");
+    }
+
+    #[test]
+    fn unreadable_token_or_ca_files_name_the_flag_and_the_file() {
+        let mut src = source("https://p.example");
+        src.bearer_token_file = Some("/nonexistent/token".into());
+        let e = src.client().unwrap_err().to_string();
+        assert!(
+            e.contains("--prometheus-bearer-token-file /nonexistent/token"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a certificate").unwrap();
+        let mut src = source("https://p.example");
+        src.ca_file = Some(ca.clone());
+        let e = src.client().unwrap_err().to_string();
+        assert!(e.contains(&ca.display().to_string()), "{e}");
+        src.ca_file = Some("/nonexistent/ca.pem".into());
+        let e = src.client().unwrap_err().to_string();
+        assert!(
+            e.contains("--prometheus-ca-file /nonexistent/ca.pem"),
+            "{e}"
+        );
     }
 }

@@ -40,14 +40,27 @@ pub struct ControllerConfig {
     pub metrics_address: SocketAddr,
     /// Decide and publish the status, change nothing.
     pub dry_run: bool,
-    /// Prometheus base URL for measured GPU utilization (`None`: only the pod-based rule).
-    pub prometheus_url: Option<String>,
+    /// Prometheus for measured GPU utilization (`None`: only the pod-based rule).
+    pub prometheus: Option<crate::prom::Source>,
 }
+
+/// Events published at once per pass.
+const EVENTS_IN_PARALLEL: usize = 16;
 
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Drops what the decision never reads before an object enters a cache: managedFields and
+/// kubectl's last-applied copy are often half of an object's size.
+fn slim<K: kube::Resource>(o: &mut K) {
+    let meta = o.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
 }
 
 /// Starts a reflector for `api` that wakes `notify` on every change.
@@ -65,7 +78,9 @@ where
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(slim),
     )
     .touched_objects();
     tokio::spawn(async move {
@@ -91,7 +106,9 @@ fn reflect_dynamic(
     let store = writer.as_reader();
     let stream = reflector::reflector(
         writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(slim),
     )
     .touched_objects();
     tokio::spawn(async move {
@@ -166,11 +183,11 @@ pub async fn run(
         });
     }
 
-    let gpu_util = match &cfg.prometheus_url {
-        Some(url) => {
+    let gpu_util = match &cfg.prometheus {
+        Some(source) => {
             let feed = Arc::new(crate::prom::Feed::default());
             crate::prom::spawn(
-                url.clone(),
+                source.clone(),
                 cfg.decision.scale_down_idle,
                 feed.clone(),
                 shutdown.clone(),
@@ -236,11 +253,13 @@ pub async fn run(
     let mut state = State::default();
     let mut previous: Option<Status> = None;
     let mut backoff = Duration::ZERO;
+    // After a failed pass nothing runs before this, whatever wakes the loop: with the apiserver
+    // gone every watcher's retry is a wake-up, and passes on each would hammer it when it returns.
+    let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
-        let wait = if backoff.is_zero() {
-            cfg.resync
-        } else {
-            backoff.min(cfg.resync)
+        let wait = match retry_at {
+            Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
+            None => cfg.resync,
         };
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
@@ -255,6 +274,10 @@ pub async fn run(
         if !is_leader || !probes.is_ready() {
             continue;
         }
+        if retry_at.is_some_and(|at| tokio::time::Instant::now() < at) {
+            continue;
+        }
+        retry_at = None;
         match pass(&ctx, &mut state, previous.as_ref()).await {
             Ok(s) => {
                 previous = Some(s);
@@ -273,8 +296,9 @@ pub async fn run(
                         )
                         / 1000.0;
                 backoff = (backoff.max(Duration::from_millis(500)) * 2)
-                    .min(Duration::from_secs(60))
+                    .min(Duration::from_secs(30))
                     .mul_f64(jitter);
+                retry_at = Some(tokio::time::Instant::now() + backoff);
                 tracing::warn!(error = %e, retry_in = ?backoff, "autoscaler pass failed");
             }
         }
@@ -307,8 +331,9 @@ async fn pass(
     let now = now_ms();
     let mds = values(&ctx.mds);
     let machines = values(&ctx.machines);
-    let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
-    let pods: Vec<Pod> = ctx.pods.state().iter().map(|p| (**p).clone()).collect();
+    // The caches' own objects: with 10,000 pods a copy per pass doubled the memory.
+    let nodes: Vec<Arc<Node>> = ctx.nodes.state();
+    let pods: Vec<Arc<Pod>> = ctx.pods.state();
     let pdbs: Vec<PodDisruptionBudget> = ctx.pdbs.state().iter().map(|p| (**p).clone()).collect();
     let util = match &ctx.gpu_util {
         Some(feed) => {
@@ -367,20 +392,27 @@ async fn pass(
     if !ctx.cfg.dry_run {
         apply(ctx, &d, &by_name, &mut first_error).await;
     }
-    for e in &d.events {
-        if let Err(err) = record(ctx, e, &by_name).await {
-            tracing::debug!(error = %err, "event not recorded");
-        }
-    }
-    for e in &errors {
-        let ev = AEvent {
+    let invalid: Vec<AEvent> = errors
+        .iter()
+        .map(|e| AEvent {
             target: Target::Pool(e.pool().to_string()),
             reason: "InvalidPool".into(),
             message: e.to_string(),
             warning: true,
-        };
-        let _ = record(ctx, &ev, &by_name).await;
-    }
+        })
+        .collect();
+    // Several at a time: 10,000 new pending pods are 10,000 events, one by one most of a
+    // minute before the status is written.
+    futures::stream::iter(d.events.iter().chain(&invalid))
+        .for_each_concurrent(EVENTS_IN_PARALLEL, |e| {
+            let by_name = &by_name;
+            async move {
+                if let Err(err) = record(ctx, e, by_name).await {
+                    tracing::debug!(error = %err, "event not recorded");
+                }
+            }
+        })
+        .await;
     let st = status::build(&snap, &error_texts, &d, now, &ctx.cfg.identity, previous);
     write_status(ctx, &st).await?;
     match first_error {
@@ -437,43 +469,23 @@ async fn apply(
 }
 
 async fn record(ctx: &Ctx, e: &AEvent, mds: &HashMap<String, &Value>) -> Result<(), kube::Error> {
-    let split = |k: &str| {
-        let (ns, n) = k.split_once('/').unwrap_or(("default", k));
-        (ns.to_string(), n.to_string())
-    };
-    let reference = match &e.target {
+    let uid = match &e.target {
         Target::Pod(k) => {
-            let (ns, n) = split(k);
-            ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                namespace: Some(ns),
-                name: Some(n),
-                ..ObjectReference::default()
-            }
+            let (ns, n) = k.split_once('/').unwrap_or(("", k));
+            ctx.pods
+                .get(&reflector::ObjectRef::new(n).within(ns))
+                .and_then(|p| p.metadata.uid.clone())
         }
-        Target::Pool(k) => {
-            let (ns, n) = split(k);
-            ObjectReference {
-                api_version: Some(format!("{}/{}", act::CAPI_GROUP, act::CAPI_VERSION)),
-                kind: Some("MachineDeployment".into()),
-                namespace: Some(ns),
-                name: Some(n),
-                uid: mds
-                    .get(k)
-                    .and_then(|v| v["metadata"]["uid"].as_str())
-                    .map(str::to_string),
-                ..ObjectReference::default()
-            }
-        }
-        Target::Node(n) => ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(n.clone()),
-            namespace: Some("default".into()),
-            ..ObjectReference::default()
-        },
+        Target::Pool(k) => mds
+            .get(k)
+            .and_then(|v| v["metadata"]["uid"].as_str())
+            .map(str::to_string),
+        Target::Node(n) => ctx
+            .nodes
+            .get(&reflector::ObjectRef::new(n))
+            .and_then(|n| n.metadata.uid.clone()),
     };
+    let reference = reference(&e.target, uid);
     let event = Event {
         type_: if e.warning {
             EventType::Warning
@@ -486,6 +498,33 @@ async fn record(ctx: &Ctx, e: &AEvent, mds: &HashMap<String, &Value>) -> Result<
         secondary: None,
     };
     ctx.recorder.publish(&event, &reference).await
+}
+
+/// What an event is about. A Node is cluster-scoped: its reference has no namespace, and the
+/// Recorder then files the event in `default`, as client-go does for cluster-scoped objects
+/// (`kubectl describe node` finds it there by the Node's uid).
+fn reference(target: &Target, uid: Option<String>) -> ObjectReference {
+    let split = |k: &str| {
+        let (ns, n) = k.split_once('/').unwrap_or(("default", k));
+        (Some(ns.to_string()), Some(n.to_string()))
+    };
+    let (api_version, kind, (namespace, name)) = match target {
+        Target::Pod(k) => ("v1".to_string(), "Pod", split(k)),
+        Target::Pool(k) => (
+            format!("{}/{}", act::CAPI_GROUP, act::CAPI_VERSION),
+            "MachineDeployment",
+            split(k),
+        ),
+        Target::Node(n) => ("v1".to_string(), "Node", (None, Some(n.clone()))),
+    };
+    ObjectReference {
+        api_version: Some(api_version),
+        kind: Some(kind.into()),
+        namespace,
+        name,
+        uid,
+        ..ObjectReference::default()
+    }
 }
 
 async fn write_status(ctx: &Ctx, st: &Status) -> Result<(), ControllerError> {
@@ -545,4 +584,44 @@ pub async fn read_status(
         name: format!("{namespace}/{}", status::CONFIGMAP),
         message: format!("key {}: {e}", status::KEY),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn cached_objects_lose_managed_fields_and_the_last_applied_copy_only() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{...}",
+                "gpuops.io/do-not-disrupt": "true"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]}}))
+        .unwrap();
+        slim(&mut pod);
+        assert!(pod.metadata.managed_fields.is_none());
+        let a = pod.metadata.annotations.unwrap();
+        assert_eq!(a.len(), 1);
+        assert_eq!(a["gpuops.io/do-not-disrupt"], "true");
+    }
+
+    #[test]
+    fn events_name_the_namespace_of_what_they_are_about_and_none_for_a_node() {
+        let pod = reference(&Target::Pod("ml/trainer".into()), Some("u1".into()));
+        assert_eq!(pod.namespace.as_deref(), Some("ml"));
+        assert_eq!(pod.name.as_deref(), Some("trainer"));
+        assert_eq!(pod.uid.as_deref(), Some("u1"));
+        let pool = reference(&Target::Pool("capi-system/h100".into()), None);
+        assert_eq!(pool.namespace.as_deref(), Some("capi-system"));
+        assert_eq!(pool.kind.as_deref(), Some("MachineDeployment"));
+        assert_eq!(
+            pool.api_version.as_deref(),
+            Some("cluster.x-k8s.io/v1beta2")
+        );
+        let node = reference(&Target::Node("gpu-1".into()), Some("u2".into()));
+        assert_eq!(node.namespace, None, "a Node is cluster-scoped");
+        assert_eq!(node.kind.as_deref(), Some("Node"));
+        assert_eq!(node.uid.as_deref(), Some("u2"));
+    }
 }

@@ -10,6 +10,7 @@ use gpuops_kubemodel::fit::Taint;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde_json::Value;
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 
 /// Node annotation naming its Machine (Cluster API).
@@ -25,11 +26,13 @@ pub const STARTUP_TAINT: &str = "gpuops.io/gpu-not-ready";
 
 /// What the snapshot is built from.
 #[derive(Debug)]
-pub struct Objects<'a> {
+///
+/// Nodes and pods may be the watch caches' `Arc`s: a pass then copies no API object.
+pub struct Objects<'a, N: Borrow<Node> = Node, P: Borrow<Pod> = Pod> {
     pub machine_deployments: &'a [Value],
     pub machines: &'a [Value],
-    pub nodes: &'a [Node],
-    pub pods: &'a [Pod],
+    pub nodes: &'a [N],
+    pub pods: &'a [P],
     pub pdbs: &'a [PodDisruptionBudget],
     /// Node -> highest measured utilization (percent) of its allocated GPUs.
     pub gpu_util: &'a HashMap<String, f64>,
@@ -212,16 +215,19 @@ fn machine_node(m: &Value) -> Option<&str> {
 
 /// Builds the snapshot. Pools with malformed annotations are returned as errors (and named
 /// in the snapshot's `skipped_pools`); the rest are modelled.
-pub fn build(objs: &Objects<'_>, now: Millis) -> (Snapshot, Vec<AutoscaleError>) {
+pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
+    objs: &Objects<'_, N, P>,
+    now: Millis,
+) -> (Snapshot, Vec<AutoscaleError>) {
+    let nodes: Vec<&Node> = objs.nodes.iter().map(Borrow::borrow).collect();
     let (mut pools, errors) = gpuops_autoscale::pool::parse_pools(objs.machine_deployments);
     let skipped: Vec<String> = errors.iter().map(|e| e.pool().to_string()).collect();
     pools.sort_by(|a, b| a.name.cmp(&b.name));
     let pool_of: HashMap<&str, &Pool> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
 
-    let nodes_by_name: HashMap<&str, &Node> = objs
-        .nodes
+    let nodes_by_name: HashMap<&str, &Node> = nodes
         .iter()
-        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, n)))
+        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, *n)))
         .collect();
     // Node -> (machine key, pool) through the Machines (the authoritative link) and the Node's
     // own annotation as a fallback while the Machine's nodeRef is not set yet.
@@ -233,7 +239,7 @@ pub fn build(objs: &Objects<'_>, now: Millis) -> (Snapshot, Vec<AutoscaleError>)
     }
     let machines_by_key: HashMap<String, &Value> =
         objs.machines.iter().map(|m| (machine_key(m), m)).collect();
-    for n in objs.nodes {
+    for n in nodes.iter().copied() {
         let (Some(name), Some(a)) = (n.metadata.name.as_deref(), n.metadata.annotations.as_ref())
         else {
             continue;
@@ -306,7 +312,7 @@ pub fn build(objs: &Objects<'_>, now: Millis) -> (Snapshot, Vec<AutoscaleError>)
     // Pods per node.
     let mut on_node: HashMap<&str, Vec<&Pod>> = HashMap::new();
     let mut pending = Vec::new();
-    for p in objs.pods {
+    for p in objs.pods.iter().map(Borrow::borrow) {
         match p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
             Some(n) if !is_done(p) => on_node.entry(n).or_default().push(p),
             Some(_) => {}
@@ -315,9 +321,9 @@ pub fn build(objs: &Objects<'_>, now: Millis) -> (Snapshot, Vec<AutoscaleError>)
     }
 
     // Ready nodes: free capacity from the packing engine's model of each node.
-    let ready: Vec<&Node> = objs
-        .nodes
+    let ready: Vec<&Node> = nodes
         .iter()
+        .copied()
         .filter(|n| {
             n.metadata
                 .name

@@ -1,7 +1,7 @@
 //! The status the controller publishes in a ConfigMap (like Cluster Autoscaler's
 //! `cluster-autoscaler-status`), and its table rendering for `gpuops autoscaler status`.
 
-use gpuops_autoscale::{Decision, Millis, Plan, Snapshot};
+use gpuops_autoscale::{Decision, Millis, Plan, Snapshot, Target};
 use serde::{Deserialize, Serialize};
 
 /// Name of the status ConfigMap (in the controller's namespace).
@@ -10,6 +10,9 @@ pub const CONFIGMAP: &str = "gpuops-autoscaler-status";
 pub const KEY: &str = "status.json";
 /// How many past decisions the status keeps.
 pub const HISTORY: usize = 20;
+/// How many pending pods the status lists (the rest are counted): a ConfigMap holds at most
+/// 1 MiB, and 10,000 pending pods with their plans would not fit, failing every status write.
+pub const MAX_PENDING: usize = 500;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -22,8 +25,21 @@ pub struct Status {
     pub errors: Vec<String>,
     pub in_flight: Vec<InFlightStatus>,
     pub pending: Vec<PendingStatus>,
+    /// All pending GPU pods, also those beyond the [`MAX_PENDING`] listed.
+    #[serde(default)]
+    pub pending_total: usize,
+    /// Unneeded nodes kept this pass, with what keeps them (a PodDisruptionBudget, a
+    /// do-not-disrupt pod, the pool's minimum).
+    #[serde(default)]
+    pub blocked: Vec<BlockedStatus>,
     /// The most recent actions, newest first.
     pub decisions: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockedStatus {
+    pub node: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,9 +128,19 @@ pub fn build(
             count: f.count,
         })
         .collect();
-    let pending = d
-        .plans
-        .iter()
+    let pending_total = d.plans.len();
+    // The ones that need attention first: no pool can run them, then those buying nodes.
+    let mut plans: Vec<&gpuops_autoscale::PodPlan> = d.plans.iter().collect();
+    plans.sort_by_key(|p| match p.plan {
+        Plan::Unschedulable { .. } => 0,
+        Plan::NewNode { .. } => 1,
+        Plan::InFlight { .. } => 2,
+        Plan::Waiting { .. } => 3,
+        Plan::Existing { .. } => 4,
+    });
+    let pending = plans
+        .into_iter()
+        .take(MAX_PENDING)
         .map(|p| PendingStatus {
             pod: p.pod.clone(),
             plan: match p.plan {
@@ -141,6 +167,20 @@ pub fn build(
         decisions.extend(prev.decisions.iter().cloned());
     }
     decisions.truncate(HISTORY);
+    // The decision states every blocked removal on every pass (not only when it changes), so
+    // this is the current list, not a history.
+    let blocked = d
+        .events
+        .iter()
+        .filter(|e| e.reason == "ScaleDownBlocked")
+        .filter_map(|e| match &e.target {
+            Target::Node(n) => Some(BlockedStatus {
+                node: n.clone(),
+                reason: e.message.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
     Status {
         time,
         leader: leader.to_string(),
@@ -148,6 +188,8 @@ pub fn build(
         errors: errors.to_vec(),
         in_flight,
         pending,
+        pending_total,
+        blocked,
         decisions,
     }
 }
@@ -231,8 +273,23 @@ pub fn render_table(s: &Status) -> String {
             .map(|p| vec![p.pod.clone(), p.plan.clone(), p.message.clone()])
             .collect();
         out.push_str(&table(&["POD", "PLAN", "WHY"], &rows));
+        if s.pending_total > s.pending.len() {
+            out.push_str(&format!(
+                "... and {} more pending GPU pods\n",
+                s.pending_total - s.pending.len()
+            ));
+        }
     }
     out.push('\n');
+    if !s.blocked.is_empty() {
+        let rows: Vec<Vec<String>> = s
+            .blocked
+            .iter()
+            .map(|b| vec![b.node.clone(), b.reason.clone()])
+            .collect();
+        out.push_str(&table(&["KEPT NODE", "WHY NOT REMOVED"], &rows));
+        out.push('\n');
+    }
     if s.decisions.is_empty() {
         out.push_str("No decisions yet.\n");
     } else {
@@ -243,4 +300,79 @@ pub fn render_table(s: &Status) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use gpuops_autoscale::{Event, PodPlan};
+
+    fn plan(i: usize, plan: Plan) -> PodPlan {
+        PodPlan {
+            pod: format!("ml/p{i:05}"),
+            plan,
+            message: "a reason of about this length for every pod, as the decision writes them"
+                .into(),
+        }
+    }
+
+    #[test]
+    fn many_pending_pods_fit_the_configmap_the_unschedulable_listed_first() {
+        let mut d = Decision::default();
+        for i in 0..10_000 {
+            d.plans.push(plan(i, Plan::Waiting { pool: "p".into() }));
+        }
+        d.plans.push(plan(
+            99_999,
+            Plan::Unschedulable {
+                reasons: vec!["no pool".into()],
+            },
+        ));
+        let st = build(&Snapshot::default(), &[], &d, 0, "me", None);
+        assert_eq!(st.pending_total, 10_001);
+        assert_eq!(st.pending.len(), MAX_PENDING);
+        assert_eq!(st.pending[0].pod, "ml/p99999");
+        assert_eq!(st.pending[0].plan, "unschedulable");
+        let text = serde_json::to_string_pretty(&st).unwrap();
+        assert!(text.len() < 512 * 1024, "{} bytes", text.len());
+        assert!(render_table(&st).contains("... and 9501 more pending GPU pods"));
+    }
+
+    #[test]
+    fn blocked_removals_are_listed_with_their_reason() {
+        let mut d = Decision::default();
+        d.events.push(Event {
+            target: Target::Node("gpu-1".into()),
+            reason: "ScaleDownBlocked".into(),
+            message:
+                "node gpu-1 is unneeded (no GPU pod) but pool capi/h100 is at its minimum size 1"
+                    .into(),
+            warning: false,
+        });
+        d.events.push(Event {
+            target: Target::Pod("ml/p".into()),
+            reason: "NotTriggerScaleUp".into(),
+            message: "no pool".into(),
+            warning: true,
+        });
+        let st = build(&Snapshot::default(), &[], &d, 0, "me", None);
+        assert_eq!(st.blocked.len(), 1);
+        assert_eq!(st.blocked[0].node, "gpu-1");
+        assert!(st.blocked[0].reason.contains("at its minimum size 1"));
+        let table = render_table(&st);
+        assert!(table.contains("KEPT NODE"), "{table}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("gpu-1 ") && l.ends_with("at its minimum size 1")),
+            "{table}"
+        );
+        // A status written before these fields existed still reads.
+        let old: Status = serde_json::from_str(
+            r#"{"time":"t","leader":"l","pools":[],"errors":[],"in_flight":[],"pending":[],"decisions":[]}"#,
+        )
+        .unwrap();
+        assert!(old.blocked.is_empty());
+    }
 }

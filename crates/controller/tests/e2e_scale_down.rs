@@ -207,6 +207,51 @@ fn a_pdb_keeps_an_idle_node_until_it_is_deleted() {
         idle,
         "would violate PodDisruptionBudget default/keep-guarded (0 disruption(s) allowed, 1 needed)",
     );
+    // The event is about the Node itself (cluster-scoped: no namespace in its reference, filed
+    // in `default` with the Node's uid), so `kubectl describe node` shows it.
+    let regarding = cluster
+        .kubectl(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "default",
+            "--field-selector",
+            "reason=ScaleDownBlocked",
+            "-o",
+            "jsonpath={range .items[*]}{.regarding.kind}/{.regarding.namespace}/{.regarding.name}/{.regarding.uid}{\"\\n\"}{end}",
+        ])
+        .unwrap();
+    let uid = cluster
+        .kubectl(&["get", "node", idle, "-o", "jsonpath={.metadata.uid}"])
+        .unwrap();
+    assert!(
+        regarding
+            .lines()
+            .any(|l| l == format!("Node//{idle}/{}", uid.trim())),
+        "{regarding}"
+    );
+    let described = cluster.kubectl(&["describe", "node", idle]).unwrap();
+    assert!(described.contains("ScaleDownBlocked"), "{described}");
+    // The status lists the kept node with what keeps it.
+    let status = cluster
+        .kubectl(&[
+            "get",
+            "configmap",
+            "gpuops-autoscaler-status",
+            "-o",
+            "jsonpath={.data.status\\.json}",
+        ])
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let blocked = status["blocked"].as_array().unwrap();
+    assert!(
+        blocked.iter().any(|b| b["node"] == idle
+            && b["reason"]
+                .as_str()
+                .unwrap()
+                .contains("PodDisruptionBudget default/keep-guarded")),
+        "{status}"
+    );
     stays_for(
         &cluster,
         &capi,
@@ -324,4 +369,259 @@ fn an_idle_node_is_kept_at_the_pools_minimum() {
         capi.machine_deployment("h100").unwrap()["spec"]["replicas"],
         1
     );
+}
+
+/// A loopback exporter serving DCGM_FI_DEV_GPU_UTIL per node (`Hostname`, as dcgm-exporter
+/// spells it), for as long as the test process runs.
+fn serve_gpu_util(nodes: &[(&str, u32)]) -> String {
+    use std::io::{Read, Write};
+    let mut body = String::from("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n");
+    for (node, util) in nodes {
+        for gpu in 0..8 {
+            body.push_str(&format!(
+                "DCGM_FI_DEV_GPU_UTIL{{gpu=\"{gpu}\",UUID=\"GPU-{node}-{gpu}\",Hostname=\"{node}\"}} {util}\n"
+            ));
+        }
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    address
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A real Prometheus (Debian's package) serving HTTPS with a certificate from its own CA,
+/// scraping `target` every second; killed on drop.
+struct Prometheus {
+    child: std::process::Child,
+    url: String,
+    ca: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: &str) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        openssl(
+            d,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=gpuops-test-ca",
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "tls.key",
+                "-out",
+                "tls.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        );
+        std::fs::write(
+            d.join("ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap();
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "tls.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "tls.crt",
+                "-days",
+                "1",
+                "-extfile",
+                "ext",
+            ],
+        );
+        std::fs::write(
+            d.join("web.yml"),
+            format!(
+                "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+                d.join("tls.crt").display(),
+                d.join("tls.key").display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("prometheus.yml"),
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n- job_name: dcgm\n  static_configs:\n  - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let port = gpuops_testbed::free_port().unwrap();
+        let log = std::fs::File::create(d.join("prometheus.log")).unwrap();
+        let child = std::process::Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                d.join("prometheus.yml").display()
+            ))
+            .arg(format!("--web.config.file={}", d.join("web.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", d.join("tsdb").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::from(log.try_clone().unwrap()))
+            .stderr(std::process::Stdio::from(log))
+            .spawn()
+            .expect("prometheus not found: scripts/test installs Debian's prometheus package");
+        // Recorded like the test bed's own processes, so scripts/test names it if leaked.
+        if let Some(f) = std::env::var_os(gpuops_testbed::RUN_DIR_ENV) {
+            let pid = child.id();
+            let start = gpuops_testbed::start_time(pid).unwrap_or(0);
+            let _ = std::fs::write(
+                std::path::Path::new(&f).join(format!("pid-{pid}")),
+                format!("{start} prometheus\n"),
+            );
+        }
+        Prometheus {
+            child,
+            url: format!("https://127.0.0.1:{port}"),
+            ca: d.join("ca.crt"),
+            dir,
+        }
+    }
+
+    /// `curl`ed through its CA: the series Prometheus holds for `query`.
+    fn query(&self, query: &str) -> String {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "--cacert"])
+            .arg(&self.ca)
+            .arg("--data-urlencode")
+            .arg(format!("query={query}"))
+            .arg(format!("{}/api/v1/query", self.url))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let pid = self.child.id();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(f) = std::env::var_os(gpuops_testbed::RUN_DIR_ENV) {
+            let _ = std::fs::remove_file(std::path::Path::new(&f).join(format!("pid-{pid}")));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs the control plane, Cluster API and prometheus (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn a_real_prometheus_over_https_tells_an_idle_gpu_node_from_a_busy_one() {
+    let (cluster, capi) = bed();
+    capi.add_pool(&pool("h100", 0, 2)).unwrap();
+    let usable = capi
+        .wait_usable_nodes("h100", 2, Duration::from_secs(60))
+        .unwrap();
+    let (busy, idle) = (usable[0].as_str(), usable[1].as_str());
+    // Both nodes hold a GPU pod: by the pod rule both are needed. Only the measured use
+    // tells them apart.
+    cluster
+        .apply(&pod("busy-job", busy, 8, "", ""))
+        .and_then(|_| cluster.apply(&pod("idle-job", idle, 8, "", "")))
+        .unwrap();
+    wait_running(&cluster, &["busy-job", "idle-job"]);
+    let exporter = serve_gpu_util(&[(busy, 85), (idle, 0)]);
+    let prometheus = Prometheus::start(&exporter);
+    gpuops_testbed::wait_until(
+        "Prometheus to hold both nodes' DCGM_FI_DEV_GPU_UTIL",
+        Duration::from_secs(60),
+        || {
+            let r = prometheus.query("count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)");
+            r.contains(busy) && r.contains(idle)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log()));
+
+    // A token Prometheus does not check: it must travel without breaking the query, and it
+    // is read from its file.
+    let token = prometheus.dir.path().join("token");
+    std::fs::write(&token, "e2e-s3cret\n").unwrap();
+    let (url, ca) = (prometheus.url.clone(), prometheus.ca.clone());
+    let controller = Controller::start_with(cluster.kubeconfig(), "solo", false, move |c| {
+        c.decision.idle_util_pct = 10.0;
+        c.prometheus = Some(gpuops_controller::prom::Source {
+            url,
+            bearer_token_file: Some(token),
+            ca_file: Some(ca),
+            poll: Duration::from_secs(1),
+        });
+    });
+    // The query went through TLS with the CA from the flag (no answer: the age stays -1).
+    gpuops_testbed::wait_until(
+        "the controller's first answer from Prometheus",
+        Duration::from_secs(30),
+        || {
+            controller
+                .metric("gpuops_autoscaler_gpu_util_age_seconds")
+                .is_some_and(|a| a >= 0.0)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log()));
+
+    wait_removed(&cluster, &capi, "h100", idle);
+    let ev = events(&cluster);
+    assert!(
+        ev.lines().any(|l| l.starts_with("ScaleDown ")
+            && l.contains(&format!("removing node {idle}"))
+            && l.contains("idle (utilization 0%)")),
+        "{ev}"
+    );
+    // The busy node, with the same kind of pod, is kept well past the idle period.
+    stays_for(&cluster, &capi, "h100", &[busy], &["busy-job"]);
+    assert_eq!(nodes_of(&capi, "h100"), vec![busy.to_string()]);
 }

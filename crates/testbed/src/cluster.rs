@@ -69,6 +69,8 @@ pub struct Cluster {
     scheduler: Option<Managed>,
     apiserver: Managed,
     etcd: Managed,
+    /// The apiserver's flags, to start it again on the same port after [`Cluster::stop_apiserver`].
+    apiserver_args: Vec<String>,
     bin: PathBuf,
     server: String,
     users: Vec<User>,
@@ -126,8 +128,7 @@ impl Cluster {
         let etcd = Managed::spawn("etcd", etcd_cmd, &root.join("etcd.log"))?;
 
         let api_port = free_port()?;
-        let mut api_cmd = Command::new(bin.join("kube-apiserver"));
-        api_cmd.args([
+        let base: &[&str] = &[
             &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             &format!(
                 "--bind-address={}",
@@ -156,8 +157,11 @@ impl Cluster {
             "--authorization-mode=RBAC",
             "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
-        ]);
-        api_cmd.args(&options.apiserver_args);
+        ];
+        let mut apiserver_args: Vec<String> = base.iter().map(|a| (*a).to_string()).collect();
+        apiserver_args.extend(options.apiserver_args.iter().cloned());
+        let mut api_cmd = Command::new(bin.join("kube-apiserver"));
+        api_cmd.args(&apiserver_args);
         let apiserver =
             Managed::spawn("kube-apiserver", api_cmd, &root.join("kube-apiserver.log"))?;
 
@@ -167,6 +171,7 @@ impl Cluster {
             scheduler: None,
             apiserver,
             etcd,
+            apiserver_args,
             bin,
             server: format!("https://127.0.0.1:{api_port}"),
             users,
@@ -371,6 +376,18 @@ impl Cluster {
     /// Stops the apiserver (to test clients that lose it); `restart_apiserver` brings it back.
     pub fn stop_apiserver(&mut self) {
         self.apiserver.stop();
+    }
+
+    /// Starts the apiserver again after [`Cluster::stop_apiserver`], with the same flags (port,
+    /// certificates, etcd: clients see the same server come back) and waits until it is ready.
+    pub fn restart_apiserver(&mut self) -> Result<(), BedError> {
+        self.apiserver.stop();
+        let mut cmd = Command::new(self.bin.join("kube-apiserver"));
+        cmd.args(&self.apiserver_args);
+        // A log of its own: the first run's log stays readable for what happened before.
+        let log = self.dir.path().join("kube-apiserver-restarted.log");
+        self.apiserver = Managed::spawn("kube-apiserver", cmd, &log)?;
+        self.wait_apiserver()
     }
 
     /// Waits for `/readyz`, failing fast with the log when etcd or the apiserver died.

@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -74,6 +75,13 @@ pub struct Args {
     /// without a value falls back to the pod-based rule. [default: off]
     #[arg(long, env = "GPUOPS_PROMETHEUS_URL", value_parser = parse_url)]
     prometheus_url: Option<String>,
+    /// File holding a bearer token for --prometheus-url, read again before every query (a
+    /// projected service-account token rotates). The token is never logged.
+    #[arg(long, requires = "prometheus_url")]
+    prometheus_bearer_token_file: Option<PathBuf>,
+    /// CA certificate (PEM) to trust for an https:// --prometheus-url, besides the system's.
+    #[arg(long, requires = "prometheus_url")]
+    prometheus_ca_file: Option<PathBuf>,
 }
 
 fn parse_url(s: &str) -> Result<String, String> {
@@ -117,7 +125,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         },
         metrics_address: args.metrics_address,
         dry_run: args.dry_run,
-        prometheus_url: args.prometheus_url.clone(),
+        prometheus: args
+            .prometheus_url
+            .clone()
+            .map(|url| gpuops_controller::prom::Source {
+                url,
+                bearer_token_file: args.prometheus_bearer_token_file.clone(),
+                ca_file: args.prometheus_ca_file.clone(),
+                poll: gpuops_controller::prom::POLL,
+            }),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
