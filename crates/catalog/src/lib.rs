@@ -7,6 +7,7 @@
 mod models;
 pub mod nvml_enum;
 mod profile_name;
+pub mod render;
 #[cfg(test)]
 mod tests;
 

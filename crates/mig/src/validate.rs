@@ -14,6 +14,21 @@ pub struct Report {
     pub failed: usize,
 }
 
+impl Report {
+    /// The lines, then the tally, as `gpuops mig validate` prints them.
+    pub fn text(&self) -> String {
+        let mut out: String = self.lines.iter().map(|l| format!("{l}\n")).collect();
+        out.push_str(&format!(
+            "{} entries: {} ok, {} skipped (device-filter), {} failed\n",
+            self.ok + self.skipped + self.failed,
+            self.ok,
+            self.skipped,
+            self.failed
+        ));
+        out
+    }
+}
+
 /// Checks config `only` (every config when `None`) for `forced` (every MIG-capable model the
 /// entries' device-filters name, else every MIG-capable model).
 pub fn check(

@@ -461,6 +461,16 @@ pub fn apply_checkpointed(
     Ok(outcome)
 }
 
+/// The checkpoint file: the one given, else `mig-checkpoint.json` in the simulator state, else
+/// /var/lib/gpuops/mig-checkpoint.json.
+pub fn checkpoint_path(given: Option<&Path>, sim_state: Option<&Path>) -> PathBuf {
+    match (given, sim_state) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, Some(dir)) => dir.join("mig-checkpoint.json"),
+        (None, None) => PathBuf::from("/var/lib/gpuops/mig-checkpoint.json"),
+    }
+}
+
 /// Reads a checkpoint file; `Ok(None)` when there is none.
 pub fn read_checkpoint(path: &Path) -> Result<Option<Checkpoint>, ExecError> {
     match std::fs::read_to_string(path) {
