@@ -1,7 +1,8 @@
 //! `gpuops mig validate`: checks each entry of a mig-parted config against the GPU models it can
 //! select (or one forced model), pure.
 
-use crate::config::{self, ConfigError, Devices, MigPartedConfig};
+use crate::MigError;
+use crate::config::{self, Devices, MigPartedConfig};
 use crate::layout::describe_counts;
 use crate::planner;
 
@@ -35,7 +36,7 @@ pub fn check(
     cfg: &MigPartedConfig,
     only: Option<&str>,
     forced: Option<&'static gpuops_catalog::GpuModel>,
-) -> Result<Report, ConfigError> {
+) -> Result<Report, MigError> {
     let mut report = Report::default();
     let lines = &mut report.lines;
     let names: Vec<String> = match only {

@@ -53,8 +53,9 @@ pub enum ExecError {
     },
     #[error(transparent)]
     WriteCheckpoint(#[from] gpuops_atomicfile::AtomicWriteError),
+    /// A config, hooks file or node's targets gpuops-mig rejected.
     #[error(transparent)]
-    Plan(#[from] gpuops_mig::apply::PlanError),
+    Mig(#[from] gpuops_mig::MigError),
     #[error(transparent)]
     Snapshot(NvmlError),
     #[error("the apply finished but the node does not match config {0}; run apply again")]
@@ -68,10 +69,6 @@ pub enum ExecError {
         path: String,
         error: std::io::Error,
     },
-    #[error(transparent)]
-    Hooks(#[from] gpuops_mig::hooks::HooksError),
-    #[error(transparent)]
-    Config(#[from] gpuops_mig::config::ConfigError),
 }
 
 /// Reads a mig-parted config file (`-`: stdin), taking the ConfigMap named `configmap` when the
