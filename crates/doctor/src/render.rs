@@ -202,6 +202,7 @@ pub fn pods_table(rows: &[PodRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::snapshot;
 
     #[test]
     fn memory_cells_show_what_is_known() {
@@ -219,7 +220,7 @@ mod tests {
             unread: vec!["--prometheus: refused".into()],
             ..ReadStats::default()
         };
-        let text = text(&Snapshot::default(), &[], &stats, false);
+        let text = text(&snapshot(vec![], vec![], vec![]), &[], &stats, false);
         assert!(
             text.contains(
                 "Read 0 nodes (0 with GPUs), 0 pods, 0 events, 3 metric samples in 12 ms"
@@ -231,7 +232,8 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("(no metrics:"), "{text}");
-        let json = serde_json::to_value(document(&Snapshot::default(), &[], &stats)).unwrap();
+        let json =
+            serde_json::to_value(document(&snapshot(vec![], vec![], vec![]), &[], &stats)).unwrap();
         assert_eq!(json["summary"]["read_ms"], 12);
         assert_eq!(json["summary"]["unread"][0], "--prometheus: refused");
     }

@@ -45,9 +45,14 @@ pub fn show(s: &SimState) -> String {
         ]);
     }
     format!(
-        "node {}  driver {}  events queued {}\n{t}\n",
+        "node {}  driver {}{}  events queued {}\n{t}\n",
         s.hostname,
         s.driver_version,
+        if s.driver_hung {
+            " (HUNG: every NVML call blocks)"
+        } else {
+            ""
+        },
         s.events.len()
     )
 }

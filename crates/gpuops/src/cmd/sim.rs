@@ -138,6 +138,15 @@ enum Action {
         #[arg(long, conflicts_with = "pid")]
         clear: bool,
     },
+    /// Hang the driver: every NVML call (of the agent, `gpuops mig`, anything loading the simulated
+    /// library) blocks until `--clear`, as when the driver is stuck in the kernel.
+    HangDriver {
+        #[command(flatten)]
+        state: StateArg,
+        /// Let the blocked calls return and new ones answer again.
+        #[arg(long)]
+        clear: bool,
+    },
     /// Set row-remapping counters (DCGM_FI_DEV_*_REMAPPED_ROWS, ROW_REMAP_FAILURE).
     Remap {
         #[command(flatten)]
@@ -282,6 +291,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 change(&state, |s| s.add_process(gpu, process))?;
                 println!("process {pid} started on GPU {gpu} using {memory} MiB");
             }
+        }
+        Action::HangDriver { state, clear } => {
+            change(&state, |s| {
+                s.set_driver_hung(!clear);
+                Ok(())
+            })?;
+            println!(
+                "{}",
+                if clear {
+                    "driver answers again"
+                } else {
+                    "driver hung: NVML calls block until `gpuops sim hang-driver --clear`"
+                }
+            );
         }
         Action::Remap {
             state,
