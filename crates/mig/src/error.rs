@@ -45,7 +45,7 @@ pub enum MigError {
         config: Option<String>,
         message: String,
     },
-    /// [`MigPartedConfig::get`] with a name the file does not define.
+    /// `MigPartedConfig::get` with a name the file does not define.
     #[error("no MIG config named {name:?}{}; known configs: {}", did_you_mean(.name, .known), .known.join(", "))]
     UnknownConfig { name: String, known: Vec<String> },
     // A config that cannot apply to a node's GPUs. `entry` is 1-based (as shown to users);
