@@ -135,6 +135,100 @@ fn ld_so_conf_dirs(root: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Where `gpuops cdi generate` was told to look, and what its spec is to name.
+#[derive(Debug, Clone)]
+pub struct GenerateRoots {
+    pub dev_root: String,
+    pub driver_root: String,
+    /// Where the driver root is on the host, when it is seen elsewhere here.
+    pub host_driver_root: Option<String>,
+    pub kind: String,
+    pub hook_path: Option<String>,
+}
+
+/// What `gpuops cdi generate` builds its spec from: the host's device nodes, the driver's files
+/// and the spec's roots. `simulated`: the GPUs are the simulated driver's; `sim_state`: the
+/// simulator state the command was pointed at (`--sim-state`). A simulated node's device nodes
+/// and driver files are in its state directory (`gpuops sim dev-nodes`); without them, or in a
+/// temporary state (gone when the command exits), the spec names the usual paths.
+pub fn generate_inputs(
+    inventory: &gpuops_inventory::Inventory,
+    simulated: bool,
+    sim_state: Option<&Path>,
+    given: GenerateRoots,
+) -> Result<(HostDevices, DriverFiles, SpecOptions), AgentError> {
+    let sim = sim_state.filter(|dir| simulated && dir.join("dev").is_dir());
+    let (dev_root, driver_root) = match sim {
+        Some(dir) => (
+            dir.display().to_string(),
+            dir.join(gpuops_sim::devnodes::DRIVER_ROOT)
+                .display()
+                .to_string(),
+        ),
+        None => (given.dev_root, given.driver_root),
+    };
+    let (host, driver) = match sim {
+        Some(dir) => (
+            gpuops_deviceplugin::probe_host(dir, &dir.join("proc")),
+            probe_driver(Path::new(&driver_root), &inventory.driver_version)?,
+        ),
+        None if simulated => (HostDevices::default(), DriverFiles::default()),
+        None => (
+            gpuops_deviceplugin::probe_host(Path::new(&dev_root), Path::new("/proc")),
+            probe_driver(Path::new(&driver_root), &inventory.driver_version)?,
+        ),
+    };
+    let options = SpecOptions {
+        kind: given.kind,
+        dev_root,
+        driver_root: given.host_driver_root.unwrap_or(driver_root),
+        gpuops_hook: given.hook_path,
+    };
+    Ok((host, driver, options))
+}
+
+/// `gpuops cdi hook update-ldcache`, run by the container runtime with the OCI state on stdin:
+/// writes `folders` to the container's ld.so.conf.d and runs `ldconfig -r` on its root.
+pub fn update_ldcache(
+    oci_state: &str,
+    folders: &[String],
+    ldconfig: &Path,
+) -> Result<(), AgentError> {
+    let root =
+        cdi::hook_rootfs(oci_state, |p| std::fs::read_to_string(p)).map_err(AgentError::Invalid)?;
+    let conf = cdi::ldcache_conf(folders).map_err(AgentError::Invalid)?;
+    // The hook runs as root before the container's root is pivoted to: a link in the image
+    // (etc -> /etc) would make it write on the host.
+    let mut at = root.clone();
+    for part in Path::new(cdi::LDCACHE_CONF).iter() {
+        at.push(part);
+        if at
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            return Err(AgentError::Invalid(format!(
+                "{} is a symlink in the container's image; not writing through it",
+                at.display()
+            )));
+        }
+    }
+    gpuops_atomicfile::write(&root.join(cdi::LDCACHE_CONF), conf)
+        .map_err(|e| AgentError::Invalid(format!("{e}: {}", e.source)))?;
+    let status = std::process::Command::new(ldconfig)
+        .arg("-r")
+        .arg(&root)
+        .status()
+        .map_err(|e| AgentError::Invalid(format!("running {}: {e}", ldconfig.display())))?;
+    if !status.success() {
+        return Err(AgentError::Invalid(format!(
+            "{} -r {}: {status}",
+            ldconfig.display(),
+            root.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Finds the driver's libraries (of `driver_version` when known), their soname links, programs,
 /// NVIDIA's CDI hook and the IPC endpoints under `root`. A root that does not exist or cannot be
 /// read is an error; finding no library is not (a node may have only the kernel driver yet, or

@@ -60,7 +60,7 @@ pub fn publish(
     config: &Config,
     health: &HealthTracker,
     host: &Arc<HostDevices>,
-) -> Result<Published, gpuops_resources::ModelError> {
+) -> Result<Published, gpuops_resources::ResourcesError> {
     let resources = match gpuops_resources::resources(inv, config) {
         Ok(mut r) => {
             health.apply(&mut r);

@@ -29,7 +29,7 @@ mod startup;
 mod state;
 mod xid;
 
-pub use cdi::{CdiConfig, probe_driver};
+pub use cdi::{CdiConfig, GenerateRoots, generate_inputs, probe_driver, update_ldcache};
 pub use changes::{Change, changes};
 pub use error::AgentError;
 pub use exporter::Served;

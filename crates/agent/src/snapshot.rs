@@ -110,7 +110,13 @@ pub(crate) async fn run(
     // The snapshot being read, when it began, and whether its lateness was reported.
     let mut in_flight: Option<(Snapshot, Instant, bool)> = None;
     loop {
-        l.live.store(now_ms(), Ordering::Relaxed);
+        // While a read is in flight the loop is only as alive as that read is young: a driver
+        // call that never returns must age the beat from when it began, whatever else (the
+        // lateness report, an XID) wakes the loop meanwhile.
+        let beat = in_flight.as_ref().map_or_else(now_ms, |(_, started, _)| {
+            now_ms().saturating_sub(started.elapsed().as_millis() as u64)
+        });
+        l.live.store(beat, Ordering::Relaxed);
         let late_at = in_flight
             .as_ref()
             .map(|(_, started, _)| tokio::time::Instant::from_std(*started + l.timeout));

@@ -7,13 +7,14 @@
 mod models;
 pub mod nvml_enum;
 mod profile_name;
+pub mod render;
 #[cfg(test)]
 mod tests;
 
 pub use models::MODELS;
 pub use profile_name::{ProfileName, ProfileNameError, ProfileNameErrorKind, memory_gb_for_name};
 
-/// Errors from catalog look-ups.
+/// The crate's one error type: a model name or a MIG profile name it does not know.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CatalogError {
     #[error("unknown GPU model {name:?}; known models: {}", known.join(", "))]
@@ -21,6 +22,15 @@ pub enum CatalogError {
         name: String,
         known: Vec<&'static str>,
     },
+    /// A MIG profile name that did not parse.
+    #[error("{0}")]
+    ProfileName(ProfileNameError),
+}
+
+impl From<ProfileNameError> for CatalogError {
+    fn from(e: ProfileNameError) -> CatalogError {
+        CatalogError::ProfileName(e)
+    }
 }
 
 /// GPU architecture family as GPU Feature Discovery names it (`nvidia.com/gpu.family`).

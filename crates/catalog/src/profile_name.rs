@@ -79,8 +79,9 @@ impl fmt::Display for ProfileName {
 }
 
 /// Why a profile name did not parse, with the input echoed (`"3g.40": missing 'gb' suffix`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{input:?}: {kind}")]
+/// Plain data (the parse's `Err`, which callers match on `kind`); as the crate's error it travels
+/// in [`crate::CatalogError::ProfileName`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProfileNameError {
     /// The text that was given, unchanged.
     pub input: String,
@@ -89,40 +90,81 @@ pub struct ProfileNameError {
 }
 
 /// The specific problem in a profile name.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProfileNameErrorKind {
-    #[error("empty profile name")]
     Empty,
-    #[error("missing memory size: expected [<C>c.]<G>g.<N>gb, e.g. 3g.40gb")]
     MissingMemory,
-    #[error("missing 'gb' suffix")]
     MissingGbSuffix,
-    #[error("too many '.'-separated parts: expected [<C>c.]<G>g.<N>gb")]
     TooManyParts,
-    #[error("invalid {what} {text:?}: expected a number followed by '{suffix}'")]
     BadNumber {
         what: &'static str,
         text: String,
         suffix: &'static str,
     },
-    #[error("{what} must be at least 1")]
-    Zero { what: &'static str },
-    #[error("empty attribute after '{sign}'")]
-    EmptyAttribute { sign: char },
-    #[error(
-        "invalid attribute {attr:?}: expected letters and digits, optionally dotted (me, me.all, gfx)"
-    )]
-    BadAttribute { attr: String },
-    #[error("compute slices ({compute}c) exceed GPU slices ({gpu}g)")]
-    ComputeExceedsGpu { compute: u32, gpu: u32 },
-    #[error(
-        "a {compute}c compute instance does not fit a {gpu}g GPU instance (valid sizes: {valid:?})"
-    )]
+    Zero {
+        what: &'static str,
+    },
+    EmptyAttribute {
+        sign: char,
+    },
+    BadAttribute {
+        attr: String,
+    },
+    ComputeExceedsGpu {
+        compute: u32,
+        gpu: u32,
+    },
     InvalidComputeSize {
         compute: u32,
         gpu: u32,
         valid: Vec<u32>,
     },
+}
+
+impl fmt::Display for ProfileNameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.input, self.kind)
+    }
+}
+
+impl fmt::Display for ProfileNameErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProfileNameErrorKind::Empty => write!(f, "empty profile name"),
+            ProfileNameErrorKind::MissingMemory => write!(
+                f,
+                "missing memory size: expected [<C>c.]<G>g.<N>gb, e.g. 3g.40gb"
+            ),
+            ProfileNameErrorKind::MissingGbSuffix => write!(f, "missing 'gb' suffix"),
+            ProfileNameErrorKind::TooManyParts => write!(
+                f,
+                "too many '.'-separated parts: expected [<C>c.]<G>g.<N>gb"
+            ),
+            ProfileNameErrorKind::BadNumber { what, text, suffix } => write!(
+                f,
+                "invalid {what} {text:?}: expected a number followed by '{suffix}'"
+            ),
+            ProfileNameErrorKind::Zero { what } => write!(f, "{what} must be at least 1"),
+            ProfileNameErrorKind::EmptyAttribute { sign } => {
+                write!(f, "empty attribute after '{sign}'")
+            }
+            ProfileNameErrorKind::BadAttribute { attr } => write!(
+                f,
+                "invalid attribute {attr:?}: expected letters and digits, optionally dotted (me, me.all, gfx)"
+            ),
+            ProfileNameErrorKind::ComputeExceedsGpu { compute, gpu } => {
+                write!(f, "compute slices ({compute}c) exceed GPU slices ({gpu}g)")
+            }
+            ProfileNameErrorKind::InvalidComputeSize {
+                compute,
+                gpu,
+                valid,
+            } => write!(
+                f,
+                "a {compute}c compute instance does not fit a {gpu}g GPU instance (valid sizes: {valid:?})"
+            ),
+        }
+    }
 }
 
 /// What each number in a name is called in error messages.

@@ -663,7 +663,9 @@ fn lookup_is_case_insensitive_and_takes_nvml_names() {
 #[test]
 fn unknown_model_error_lists_known_keys() {
     let err = lookup("H300").expect_err("unknown");
-    let CatalogError::UnknownModel { name, known } = &err;
+    let CatalogError::UnknownModel { name, known } = &err else {
+        panic!("{err:?}");
+    };
     assert_eq!(name, "H300");
     assert_eq!(known, &known_keys());
     let text = err.to_string();

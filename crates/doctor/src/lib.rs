@@ -11,6 +11,7 @@ mod error;
 mod finding;
 pub mod fit;
 pub mod metrics;
+pub mod render;
 pub mod report;
 pub mod resources;
 mod rules;

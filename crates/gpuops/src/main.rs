@@ -4,7 +4,7 @@
 
 mod cmd;
 mod gpu_source;
-mod output;
+use gpuops_render as output;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;

@@ -753,6 +753,112 @@ fn a_hung_api_server_delays_neither_xid_health_nor_metrics_nor_shutdown() {
     }
 }
 
+/// The status line of `GET path` and how long it took, or `None` without an answer within 5 s.
+fn probe(address: &str, path: &str) -> Option<(String, Duration)> {
+    use std::io::{Read, Write};
+    let started = Instant::now();
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let status = text.lines().next().unwrap_or_default().to_string();
+    Some((status, started.elapsed()))
+}
+
+/// Polls `path` until its status line contains `want`; how long that took.
+fn wait_for_status(address: &str, path: &str, want: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    let mut last = None;
+    while started.elapsed() < within {
+        last = probe(address, path);
+        if last.as_ref().is_some_and(|(s, _)| s.contains(want)) {
+            return started.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{path} did not answer {want} within {within:?}; last: {last:?}");
+}
+
+#[test]
+fn a_hung_driver_fails_healthz_while_metrics_readyz_and_sigterm_still_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap().to_string();
+    // Liveness deadline: 3 x interval + snapshot timeout = 0.9 s + 4 s after the read began.
+    let mut agent = Agent::start(&[
+        "agent",
+        "--simulate",
+        "l4x4",
+        "--sim-state",
+        &state,
+        "--interval",
+        "300ms",
+        "--snapshot-timeout",
+        "4s",
+        "--no-device-plugin",
+    ]);
+    let address = agent
+        .wait_for("metrics        http://")
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap()
+        .to_string();
+    agent.wait_for("watching 4 GPUs");
+    wait_for_status(&address, "/healthz", " 200", Duration::from_secs(10));
+
+    let o = run(&["sim", "hang-driver", "--state", &state]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hung_at = Instant::now();
+    wait_for_status(&address, "/healthz", " 503", Duration::from_secs(20));
+    let since_hang = hung_at.elapsed();
+    // The loop's beat ages from when the hung read began (at most one interval after the hang):
+    // stale 4.9 s later, seen at the agent's next 1 s health check, so 4.9-6.2 s; slack for a
+    // loaded machine. Not earlier: the hang, not something else, fails it. Not later either: a
+    // beat refreshed when the read is reported late (at 4 s) would fail it only after 8.9 s.
+    assert!(
+        since_hang >= Duration::from_millis(4700) && since_hang < Duration::from_secs(8),
+        "/healthz failed {since_hang:?} after the hang; the deadline is 4.9 s after the read began"
+    );
+    agent.saw_or_wait("the GPU snapshot loop is stuck: /healthz fails");
+    // What does not call the driver answers at once.
+    for path in ["/metrics", "/readyz"] {
+        let (status, took) = probe(&address, path)
+            .unwrap_or_else(|| panic!("{path} did not answer while the driver hangs"));
+        assert!(
+            !status.is_empty() && took < Duration::from_secs(1),
+            "{path}: {status} in {took:?}"
+        );
+    }
+    let (status, _) = probe(&address, "/metrics").unwrap();
+    assert!(status.contains(" 200"), "{status}");
+
+    // The blocked read returns once the driver answers: liveness comes back.
+    let o = run(&["sim", "hang-driver", "--state", &state, "--clear"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    wait_for_status(&address, "/healthz", " 200", Duration::from_secs(10));
+
+    // SIGTERM while a driver call hangs: out within 2 s.
+    let o = run(&["sim", "hang-driver", "--state", &state]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    agent.wait_for("the NVIDIA driver has not answered a GPU read");
+    let _ = Command::new("kill")
+        .args(["-TERM", &agent.child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Some(status) = agent.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not exit within 2 s of SIGTERM while the driver hangs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn log_format_json_gives_one_object_per_event_with_its_fields() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,6 +4,8 @@
 //! never NVML itself, so it can be tested with hand-written snapshots.
 #![forbid(unsafe_code)]
 
+pub mod render;
+
 use serde::{Deserialize, Serialize};
 
 /// One node's GPUs at one moment.

@@ -2,6 +2,7 @@
 //! creates (planned for every GPU before anything is touched), the plan as people read it, and
 //! what a checkpoint records and restores. gpuops-migexec carries the plans out through NVML.
 
+use crate::MigError;
 use crate::checkpoint::{Checkpoint, GpuCheckpoint};
 use crate::layout::{Instance, Layout, slot_map};
 use crate::planner::{self, Plan};
@@ -9,22 +10,11 @@ use gpuops_catalog::GpuModel;
 use gpuops_inventory::{Gpu, Inventory};
 use std::collections::BTreeMap;
 
-/// Why a node's targets cannot be planned.
-#[derive(Debug, thiserror::Error)]
-pub enum PlanError {
-    #[error("GPU {0} is not on this node")]
-    NoSuchGpu(u32),
-    #[error("cannot apply:\n  {}", .0.join("\n  "))]
-    Cannot(Vec<String>),
-    #[error("checkpointed GPU {index} ({uuid}) is not on this node")]
-    CheckpointedGpuMissing { index: u32, uuid: String },
-}
-
 /// What a named config asks of each GPU it selects on this node.
 pub fn targets_of(
     named: &crate::config::NamedConfig,
     inv: &Inventory,
-) -> Result<Vec<Target>, crate::select::SelectError> {
+) -> Result<Vec<Target>, MigError> {
     Ok(crate::select::select(named, &inv.gpus)?
         .into_iter()
         .map(|s| Target {
@@ -120,7 +110,7 @@ pub fn exact_plan(current: &Layout, target: &Layout) -> Plan {
 
 /// Plans every target against the inventory; fails before anything is touched when one GPU cannot
 /// take its layout.
-pub fn plan_node(inv: &Inventory, targets: &[Target]) -> Result<Vec<GpuPlan>, PlanError> {
+pub fn plan_node(inv: &Inventory, targets: &[Target]) -> Result<Vec<GpuPlan>, MigError> {
     let mut plans = Vec::new();
     let mut problems = Vec::new();
     for t in targets {
@@ -128,7 +118,7 @@ pub fn plan_node(inv: &Inventory, targets: &[Target]) -> Result<Vec<GpuPlan>, Pl
             .gpus
             .iter()
             .find(|g| g.index == t.gpu)
-            .ok_or(PlanError::NoSuchGpu(t.gpu))?;
+            .ok_or(MigError::NoSuchGpu(t.gpu))?;
         let model = match gpu
             .model
             .as_deref()
@@ -187,7 +177,7 @@ pub fn plan_node(inv: &Inventory, targets: &[Target]) -> Result<Vec<GpuPlan>, Pl
         });
     }
     if !problems.is_empty() {
-        return Err(PlanError::Cannot(problems));
+        return Err(MigError::Cannot(problems));
     }
     Ok(plans)
 }
@@ -266,13 +256,13 @@ pub fn checkpoint_of(inv: &Inventory, gpus: &[u32], applying: Option<String>) ->
 }
 
 /// Targets that put GPUs back as a checkpoint recorded them (matched by UUID).
-pub fn restore_targets(inv: &Inventory, checkpoint: &Checkpoint) -> Result<Vec<Target>, PlanError> {
+pub fn restore_targets(inv: &Inventory, checkpoint: &Checkpoint) -> Result<Vec<Target>, MigError> {
     checkpoint
         .gpus
         .iter()
         .map(|c| {
             let gpu = inv.gpus.iter().find(|g| g.uuid == c.uuid).ok_or_else(|| {
-                PlanError::CheckpointedGpuMissing {
+                MigError::CheckpointedGpuMissing {
                     index: c.index,
                     uuid: c.uuid.clone(),
                 }

@@ -21,8 +21,11 @@
 //! rather than as a generic deserialization error. Profile names are checked for syntax only;
 //! whether a GPU model offers a profile is the planner's business.
 
+use crate::error::MigError;
+pub use crate::error::Position;
+use crate::error::closest;
 use gpuops_catalog::{GpuModel, ProfileName};
-use gpuops_yamlpos::{Node, SNode, edit_distance, map_get};
+use gpuops_yamlpos::{Node, SNode, map_get};
 use serde_saphyr::Location;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -144,93 +147,13 @@ fn hex32(part: &str) -> Result<u32, String> {
     u32::from_str_radix(digits, 16).map_err(|e| e.to_string())
 }
 
-/// Where a problem is: file (`-` is shown as `<stdin>`), and line and column when known (1-based).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Position {
-    pub origin: String,
-    pub line: Option<u64>,
-    pub column: Option<u64>,
-}
-
-impl fmt::Display for Position {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.origin == "-" {
-            f.write_str("<stdin>")?;
-        } else {
-            f.write_str(&self.origin)?;
-        }
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-            if let Some(column) = self.column {
-                write!(f, ":{column}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Why a config file was rejected, or a config name was not found.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// The text is not well-formed YAML.
-    #[error("{at}: invalid YAML: {message}")]
-    Yaml { at: Position, message: String },
-    /// Well-formed YAML that is not a valid mig-parted v1 config.
-    #[error("{at}: {}{message}", config_prefix(.config.as_deref()))]
-    Invalid {
-        at: Position,
-        /// The named config the problem is in, when it is inside one.
-        config: Option<String>,
-        message: String,
-    },
-    /// [`MigPartedConfig::get`] with a name the file does not define.
-    #[error("no MIG config named {name:?}{}; known configs: {}", did_you_mean(.name, .known), .known.join(", "))]
-    UnknownConfig { name: String, known: Vec<String> },
-}
-
-impl ConfigError {
-    /// The file position, for errors that have one.
-    pub fn position(&self) -> Option<&Position> {
-        match self {
-            ConfigError::Yaml { at, .. } | ConfigError::Invalid { at, .. } => Some(at),
-            ConfigError::UnknownConfig { .. } => None,
-        }
-    }
-}
-
-fn config_prefix(config: Option<&str>) -> String {
-    config.map_or_else(String::new, |c| format!("config {c}: "))
-}
-
-fn did_you_mean(name: &str, known: &[String]) -> String {
-    closest(name, known.iter().map(String::as_str))
-        .map_or_else(String::new, |k| format!(" (did you mean {k:?}?)"))
-}
-
-/// The candidate within edit distance 2 (or equal ignoring case and `_`/`-`), if exactly one is best.
-fn closest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
-    let norm = |s: &str| s.to_ascii_lowercase().replace('_', "-");
-    let mut best: Option<(usize, &str)> = None;
-    for c in candidates {
-        let d = if norm(c) == norm(word) {
-            0
-        } else {
-            edit_distance(word, c)
-        };
-        if d <= 2 && best.is_none_or(|(bd, _)| d < bd) {
-            best = Some((d, c));
-        }
-    }
-    best.map(|(_, c)| c)
-}
-
 impl MigPartedConfig {
     /// The named config, or an error listing the names the file defines.
-    pub fn get(&self, name: &str) -> Result<&NamedConfig, ConfigError> {
+    pub fn get(&self, name: &str) -> Result<&NamedConfig, MigError> {
         self.configs
             .iter()
             .find(|c| c.name == name)
-            .ok_or_else(|| ConfigError::UnknownConfig {
+            .ok_or_else(|| MigError::UnknownConfig {
                 name: name.to_string(),
                 known: self.configs.iter().map(|c| c.name.clone()).collect(),
             })
@@ -345,7 +268,7 @@ fn yaml_key(s: &str) -> String {
 /// A multi-document file (NVIDIA's mig-manager manifests: a DaemonSet, RBAC and several
 /// ConfigMaps) is accepted when exactly one document is a mig-parted config or a ConfigMap holding
 /// one; [`parse_selecting`] picks a ConfigMap by name when there are several.
-pub fn parse(text: &str, origin: &str) -> Result<MigPartedConfig, ConfigError> {
+pub fn parse(text: &str, origin: &str) -> Result<MigPartedConfig, MigError> {
     parse_selecting(text, origin, None)
 }
 
@@ -355,7 +278,7 @@ pub fn parse_selecting(
     text: &str,
     origin: &str,
     configmap: Option<&str>,
-) -> Result<MigPartedConfig, ConfigError> {
+) -> Result<MigPartedConfig, MigError> {
     let file = Ctx {
         origin,
         source: text,
@@ -492,7 +415,7 @@ fn holds_mig_config(doc: &SNode) -> bool {
 }
 
 /// Takes the config text out of a ConfigMap and parses it with positions in the outer file.
-fn parse_configmap(file: &Ctx<'_>, doc: &SNode) -> Result<MigPartedConfig, ConfigError> {
+fn parse_configmap(file: &Ctx<'_>, doc: &SNode) -> Result<MigPartedConfig, MigError> {
     match map_get(doc, "kind") {
         None => {
             return Err(file.invalid(
@@ -680,17 +603,17 @@ impl Ctx<'_> {
         }
     }
 
-    fn invalid(&self, loc: &Location, message: impl Into<String>) -> ConfigError {
+    fn invalid(&self, loc: &Location, message: impl Into<String>) -> MigError {
         let (at, note) = self.position(loc);
-        ConfigError::Invalid {
+        MigError::Invalid {
             at,
             config: self.config.clone(),
             message: message.into() + note.as_deref().unwrap_or(""),
         }
     }
 
-    fn invalid_nowhere(&self, message: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid {
+    fn invalid_nowhere(&self, message: impl Into<String>) -> MigError {
+        MigError::Invalid {
             at: Position {
                 origin: self.origin.to_string(),
                 line: None,
@@ -701,10 +624,10 @@ impl Ctx<'_> {
         }
     }
 
-    fn yaml_err(&self, e: &serde_saphyr::Error) -> ConfigError {
+    fn yaml_err(&self, e: &serde_saphyr::Error) -> MigError {
         let loc = e.location().unwrap_or(Location::UNKNOWN);
         let (at, note) = self.position(&loc);
-        ConfigError::Yaml {
+        MigError::Yaml {
             at,
             message: clean_yaml_message(e) + note.as_deref().unwrap_or(""),
         }
@@ -760,7 +683,7 @@ impl Ctx<'_> {
     }
 
     /// A mapping key that must be a scalar.
-    fn scalar_key(&self, key: &SNode, what: &str) -> Result<String, ConfigError> {
+    fn scalar_key(&self, key: &SNode, what: &str) -> Result<String, MigError> {
         match &key.value {
             Node::Seq(_) | Node::Map(_) => Err(self.invalid(
                 &key.referenced,
@@ -770,7 +693,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn unknown_key(&self, key: &SNode, name: &str, known: &[&str], within: &str) -> ConfigError {
+    fn unknown_key(&self, key: &SNode, name: &str, known: &[&str], within: &str) -> MigError {
         let hint = closest(name, known.iter().copied())
             .map_or_else(String::new, |k| format!(" (did you mean {k}?)"));
         self.invalid(
@@ -784,7 +707,7 @@ impl Ctx<'_> {
     }
 
     /// Validates a whole config document (the top-level mapping).
-    fn document(mut self, doc: &SNode) -> Result<MigPartedConfig, ConfigError> {
+    fn document(mut self, doc: &SNode) -> Result<MigPartedConfig, MigError> {
         let Node::Map(items) = &doc.value else {
             return Err(self.invalid(
                 &doc.referenced,
@@ -857,7 +780,7 @@ impl Ctx<'_> {
         Ok(out)
     }
 
-    fn named_config(&self, key: &SNode, node: &SNode) -> Result<Vec<DeviceSpec>, ConfigError> {
+    fn named_config(&self, key: &SNode, node: &SNode) -> Result<Vec<DeviceSpec>, MigError> {
         let items = match &node.value {
             Node::Seq(items) if !items.is_empty() => items,
             Node::Seq(_) | Node::Null => {
@@ -879,7 +802,7 @@ impl Ctx<'_> {
         items.iter().map(|item| self.entry(item)).collect()
     }
 
-    fn entry(&self, node: &SNode) -> Result<DeviceSpec, ConfigError> {
+    fn entry(&self, node: &SNode) -> Result<DeviceSpec, MigError> {
         let Node::Map(items) = &node.value else {
             return Err(self.invalid(
                 &node.referenced,
@@ -957,7 +880,7 @@ impl Ctx<'_> {
         })
     }
 
-    fn devices(&self, node: &SNode) -> Result<Devices, ConfigError> {
+    fn devices(&self, node: &SNode) -> Result<Devices, MigError> {
         let expected = "devices must be \"all\" or a list of GPU indices like [0, 1]";
         match &node.value {
             Node::Str(s) if s == "all" => Ok(Devices::All),
@@ -998,7 +921,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn filters(&self, node: &SNode) -> Result<Vec<DeviceFilter>, ConfigError> {
+    fn filters(&self, node: &SNode) -> Result<Vec<DeviceFilter>, MigError> {
         match &node.value {
             // mig-parted treats an empty string or list as "no filter".
             Node::Null => Ok(Vec::new()),
@@ -1014,7 +937,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn filter(&self, node: &SNode) -> Result<DeviceFilter, ConfigError> {
+    fn filter(&self, node: &SNode) -> Result<DeviceFilter, MigError> {
         match &node.value {
             Node::Str(s) => s
                 .parse::<DeviceFilter>()
@@ -1037,7 +960,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn mig_devices(&self, node: &SNode) -> Result<BTreeMap<String, u32>, ConfigError> {
+    fn mig_devices(&self, node: &SNode) -> Result<BTreeMap<String, u32>, MigError> {
         let items = match &node.value {
             Node::Map(items) => items.as_slice(),
             Node::Null => &[],

@@ -3,6 +3,7 @@
 //! Order, as mig-parted: `apply-start`, then `pre-apply-mode` (only when a mode changes), then
 //! `pre-apply-config` (only when a layout changes), and `apply-exit` always, even after a failure.
 
+use crate::MigError;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -64,18 +65,10 @@ pub struct HookLists {
     pub apply_exit: Vec<Hook>,
 }
 
-/// A hooks file that cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[error("hooks file {origin}: {message}")]
-pub struct HooksError {
-    pub origin: String,
-    pub message: String,
-}
-
 impl Hooks {
     /// Parses a hooks file; `origin` names it in errors.
-    pub fn parse(text: &str, origin: &str) -> Result<Hooks, HooksError> {
-        let err = |message: String| HooksError {
+    pub fn parse(text: &str, origin: &str) -> Result<Hooks, MigError> {
+        let err = |message: String| MigError::Hooks {
             origin: origin.to_string(),
             message,
         };

@@ -8,6 +8,7 @@
 pub mod apply;
 pub mod checkpoint;
 pub mod config;
+pub mod error;
 pub mod hooks;
 pub mod layout;
 pub mod planner;
@@ -15,4 +16,5 @@ pub mod select;
 pub mod validate;
 pub mod workload;
 
+pub use error::MigError;
 pub use layout::{Instance, Layout};

@@ -59,22 +59,17 @@ impl Plan {
     }
 }
 
-/// Why no layout with the wanted MIG devices exists on a model. `Display` is the explanation users
-/// see; the fields carry the numbers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+/// Why no layout with the wanted MIG devices exists on a model: a result the planner returns and
+/// `-o json` serialises (with its numbers), not an error type of its own; as an error it travels
+/// in [`crate::MigError::Infeasible`]. `Display` is the explanation users see.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Infeasible {
     /// The model has no MIG at all.
-    #[error("{model} does not support MIG")]
     NotMigCapable { model: String },
     /// A wanted name is not a MIG device name at all.
-    #[error("{name} is not a MIG device name ({reason})")]
     BadName { name: String, reason: String },
     /// A `Cc.` prefix names a compute-instance size the GPU instance cannot hold.
-    #[error(
-        "{name}: a {gpu_slices}g GPU instance cannot hold a {compute_slices}-slice compute instance (valid: {})",
-        join(valid)
-    )]
     ComputeInstance {
         name: String,
         gpu_slices: u32,
@@ -82,14 +77,12 @@ pub enum Infeasible {
         valid: Vec<u32>,
     },
     /// The model offers no such GPU-instance profile.
-    #[error("{name} is not a MIG profile of {model} (profiles: {})", profiles.join(", "))]
     UnknownProfile {
         name: String,
         model: String,
         profiles: Vec<String>,
     },
     /// More instances of one GPU-instance profile than the model allows (CI variants count together).
-    #[error("{wanted}x {profile} exceeds the maximum of {max} {profile} on {model}")]
     TooMany {
         profile: String,
         wanted: u64,
@@ -97,7 +90,6 @@ pub enum Infeasible {
         model: String,
     },
     /// The instances need more memory slices than the GPU has.
-    #[error("{wanted} needs {needed} of {available} memory slices on {model}")]
     MemorySlices {
         wanted: String,
         needed: u64,
@@ -105,7 +97,6 @@ pub enum Infeasible {
         model: String,
     },
     /// The instances need more compute slices than the GPU has.
-    #[error("{wanted} needs {needed} of {available} compute slices on {model}")]
     ComputeSlices {
         wanted: String,
         needed: u64,
@@ -114,12 +105,77 @@ pub enum Infeasible {
     },
     /// The slice totals fit but no arrangement of placements does; `detail` says where the
     /// closest arrangement the search found got stuck.
-    #[error("{wanted} has no valid placement on {model}: {}", detail.reason)]
     Placement {
         wanted: String,
         model: String,
         detail: Box<PlacementDetail>,
     },
+}
+
+impl std::fmt::Display for Infeasible {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Infeasible::NotMigCapable { model } => write!(f, "{model} does not support MIG"),
+            Infeasible::BadName { name, reason } => {
+                write!(f, "{name} is not a MIG device name ({reason})")
+            }
+            Infeasible::ComputeInstance {
+                name,
+                gpu_slices,
+                compute_slices,
+                valid,
+            } => write!(
+                f,
+                "{name}: a {gpu_slices}g GPU instance cannot hold a {compute_slices}-slice compute instance (valid: {})",
+                join(valid)
+            ),
+            Infeasible::UnknownProfile {
+                name,
+                model,
+                profiles,
+            } => write!(
+                f,
+                "{name} is not a MIG profile of {model} (profiles: {})",
+                profiles.join(", ")
+            ),
+            Infeasible::TooMany {
+                profile,
+                wanted,
+                max,
+                model,
+            } => write!(
+                f,
+                "{wanted}x {profile} exceeds the maximum of {max} {profile} on {model}"
+            ),
+            Infeasible::MemorySlices {
+                wanted,
+                needed,
+                available,
+                model,
+            } => write!(
+                f,
+                "{wanted} needs {needed} of {available} memory slices on {model}"
+            ),
+            Infeasible::ComputeSlices {
+                wanted,
+                needed,
+                available,
+                model,
+            } => write!(
+                f,
+                "{wanted} needs {needed} of {available} compute slices on {model}"
+            ),
+            Infeasible::Placement {
+                wanted,
+                model,
+                detail,
+            } => write!(
+                f,
+                "{wanted} has no valid placement on {model}: {}",
+                detail.reason
+            ),
+        }
+    }
 }
 
 /// Where the closest arrangement of an [`Infeasible::Placement`] got stuck: with `placed` in place,

@@ -7,6 +7,7 @@
 //! MIG support are skipped under `all`; listing one explicitly in an entry with `mig-enabled: true`
 //! is an error. GPUs no entry selects are left alone.
 
+use crate::MigError;
 use crate::config::{Devices, NamedConfig};
 use gpuops_inventory::Gpu;
 use std::collections::BTreeMap;
@@ -21,58 +22,6 @@ pub struct Selected {
     pub mig_devices: BTreeMap<String, u32>,
     /// Index (0-based) in [`NamedConfig::entries`] of the entry that decided this GPU.
     pub entry: usize,
-}
-
-/// Why a config cannot apply to a node's GPUs. `entry` is 1-based (as shown to users); `line` is
-/// the entry's line in the config file, 0 when unknown.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SelectError {
-    #[error("{}: GPU {index} is listed in devices, but this node has {}", where_(.config, *.entry, *.line), gpu_count(.indices))]
-    NoSuchGpu {
-        config: String,
-        entry: usize,
-        line: u64,
-        index: u32,
-        /// Indices of the GPUs the node has, sorted.
-        indices: Vec<u32>,
-    },
-    #[error("{}: GPU {index} ({name}) does not support MIG", where_(.config, *.entry, *.line))]
-    NotMigCapable {
-        config: String,
-        entry: usize,
-        line: u64,
-        index: u32,
-        /// The GPU's name (`NVIDIA L4`), or its catalog model, or `unknown model`.
-        name: String,
-    },
-}
-
-fn where_(config: &str, entry: usize, line: u64) -> String {
-    if line > 0 {
-        format!("config {config} entry {entry} (line {line})")
-    } else {
-        format!("config {config} entry {entry}")
-    }
-}
-
-/// `4 GPUs (0-3)`, `1 GPU (0)`, `no GPUs`, `3 GPUs (0, 2, 5)`.
-fn gpu_count(indices: &[u32]) -> String {
-    match indices {
-        [] => "no GPUs".into(),
-        [one] => format!("1 GPU ({one})"),
-        [first, .., last] if indices.windows(2).all(|w| w[1] == w[0] + 1) => {
-            format!("{} GPUs ({first}-{last})", indices.len())
-        }
-        _ => format!(
-            "{} GPUs ({})",
-            indices.len(),
-            indices
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
 }
 
 fn gpu_name(gpu: &Gpu) -> String {
@@ -90,7 +39,7 @@ fn gpu_name(gpu: &Gpu) -> String {
 /// A GPU listed explicitly but excluded by the entry's device filter is not selected (the filter
 /// and the list must both match). A non-MIG-capable GPU listed in an entry with
 /// `mig-enabled: false` is not selected either: it has no MIG mode to change.
-pub fn select(config: &NamedConfig, gpus: &[Gpu]) -> Result<Vec<Selected>, SelectError> {
+pub fn select(config: &NamedConfig, gpus: &[Gpu]) -> Result<Vec<Selected>, MigError> {
     let mut chosen: BTreeMap<u32, Selected> = BTreeMap::new();
     for (i, entry) in config.entries.iter().enumerate() {
         let matches_filter = |gpu: &Gpu| {
@@ -112,7 +61,7 @@ pub fn select(config: &NamedConfig, gpus: &[Gpu]) -> Result<Vec<Selected>, Selec
                         let mut have: Vec<u32> = gpus.iter().map(|g| g.index).collect();
                         have.sort_unstable();
                         have.dedup();
-                        return Err(SelectError::NoSuchGpu {
+                        return Err(MigError::ListedGpuMissing {
                             config: config.name.clone(),
                             entry: i + 1,
                             line: entry.line,
@@ -125,7 +74,7 @@ pub fn select(config: &NamedConfig, gpus: &[Gpu]) -> Result<Vec<Selected>, Selec
                     }
                     if !gpu.mig.capable {
                         if entry.mig_enabled {
-                            return Err(SelectError::NotMigCapable {
+                            return Err(MigError::NotMigCapable {
                                 config: config.name.clone(),
                                 entry: i + 1,
                                 line: entry.line,

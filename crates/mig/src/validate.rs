@@ -1,7 +1,8 @@
 //! `gpuops mig validate`: checks each entry of a mig-parted config against the GPU models it can
 //! select (or one forced model), pure.
 
-use crate::config::{self, ConfigError, Devices, MigPartedConfig};
+use crate::MigError;
+use crate::config::{self, Devices, MigPartedConfig};
 use crate::layout::describe_counts;
 use crate::planner;
 
@@ -14,13 +15,28 @@ pub struct Report {
     pub failed: usize,
 }
 
+impl Report {
+    /// The lines, then the tally, as `gpuops mig validate` prints them.
+    pub fn text(&self) -> String {
+        let mut out: String = self.lines.iter().map(|l| format!("{l}\n")).collect();
+        out.push_str(&format!(
+            "{} entries: {} ok, {} skipped (device-filter), {} failed\n",
+            self.ok + self.skipped + self.failed,
+            self.ok,
+            self.skipped,
+            self.failed
+        ));
+        out
+    }
+}
+
 /// Checks config `only` (every config when `None`) for `forced` (every MIG-capable model the
 /// entries' device-filters name, else every MIG-capable model).
 pub fn check(
     cfg: &MigPartedConfig,
     only: Option<&str>,
     forced: Option<&'static gpuops_catalog::GpuModel>,
-) -> Result<Report, ConfigError> {
+) -> Result<Report, MigError> {
     let mut report = Report::default();
     let lines = &mut report.lines;
     let names: Vec<String> = match only {

@@ -2,8 +2,9 @@
 //! round trips, and NVIDIA's shipped configs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use gpuops_mig::MigError;
 use gpuops_mig::config::{
-    ConfigError, DeviceFilter, DeviceSpec, Devices, MigPartedConfig, nvidia_default_configs, parse,
+    DeviceFilter, DeviceSpec, Devices, MigPartedConfig, nvidia_default_configs, parse,
 };
 use std::collections::BTreeMap;
 
@@ -566,7 +567,7 @@ fn device_filters_devices_and_counts() {
 fn unknown_config_names_list_the_known_ones() {
     let c = parse(SEED, "c.yaml").unwrap();
     let e = c.get("all-1g.10g").unwrap_err();
-    assert!(matches!(e, ConfigError::UnknownConfig { .. }));
+    assert!(matches!(e, MigError::UnknownConfig { .. }));
     assert_eq!(
         e.to_string(),
         "no MIG config named \"all-1g.10g\" (did you mean \"all-1g.10gb\"?); known configs: all-1g.10gb, all-2g.20gb, mixed-inference, all-disabled"

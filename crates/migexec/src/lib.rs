@@ -53,8 +53,9 @@ pub enum ExecError {
     },
     #[error(transparent)]
     WriteCheckpoint(#[from] gpuops_atomicfile::AtomicWriteError),
+    /// A config, hooks file or node's targets gpuops-mig rejected.
     #[error(transparent)]
-    Plan(#[from] gpuops_mig::apply::PlanError),
+    Mig(#[from] gpuops_mig::MigError),
     #[error(transparent)]
     Snapshot(NvmlError),
     #[error("the apply finished but the node does not match config {0}; run apply again")]
@@ -68,10 +69,6 @@ pub enum ExecError {
         path: String,
         error: std::io::Error,
     },
-    #[error(transparent)]
-    Hooks(#[from] gpuops_mig::hooks::HooksError),
-    #[error(transparent)]
-    Config(#[from] gpuops_mig::config::ConfigError),
 }
 
 /// Reads a mig-parted config file (`-`: stdin), taking the ConfigMap named `configmap` when the
@@ -459,6 +456,16 @@ pub fn apply_checkpointed(
         changes: outcome.nvml_changes,
     });
     Ok(outcome)
+}
+
+/// The checkpoint file: the one given, else `mig-checkpoint.json` in the simulator state, else
+/// /var/lib/gpuops/mig-checkpoint.json.
+pub fn checkpoint_path(given: Option<&Path>, sim_state: Option<&Path>) -> PathBuf {
+    match (given, sim_state) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, Some(dir)) => dir.join("mig-checkpoint.json"),
+        (None, None) => PathBuf::from("/var/lib/gpuops/mig-checkpoint.json"),
+    }
 }
 
 /// Reads a checkpoint file; `Ok(None)` when there is none.

@@ -59,8 +59,24 @@ fn code_for(err: &SimError) -> NvmlCode {
     }
 }
 
-/// The current state, re-read only when the file changed.
+/// How often a call blocked by `gpuops sim hang-driver` looks whether the hang was cleared.
+const HUNG_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The current state. While the driver is hung (`gpuops sim hang-driver`) this does not return,
+/// as a call into a wedged driver does not: every NVML call goes through here. The driver lock is
+/// not held while waiting, so calls on other threads hang in the driver too, not on our mutex.
 fn current_state() -> Result<Arc<SimState>, NvmlCode> {
+    loop {
+        let state = read_state()?;
+        if !state.driver_hung {
+            return Ok(state);
+        }
+        std::thread::sleep(HUNG_POLL);
+    }
+}
+
+/// The state file, re-read only when it changed.
+fn read_state() -> Result<Arc<SimState>, NvmlCode> {
     let mut guard = driver();
     let d = guard.as_mut().ok_or(NvmlCode::Uninitialized)?;
     let fingerprint = d.store.fingerprint().map_err(|e| {
@@ -83,6 +99,8 @@ fn current_state() -> Result<Arc<SimState>, NvmlCode> {
 
 /// Applies a change to the persistent state under the writer lock.
 fn mutate<T>(change: impl FnOnce(&mut SimState) -> Result<T, NvmlCode>) -> Result<T, NvmlCode> {
+    // A hung driver changes nothing either.
+    current_state()?;
     let store = driver()
         .as_ref()
         .ok_or(NvmlCode::Uninitialized)?

@@ -1,7 +1,7 @@
 //! Rendering of simulation results as a text table, CSV and a hand-written SVG plot. Pure: every
 //! function returns a `String`.
 
-use crate::simulate::Simulation;
+use crate::simulate::{Progress, SimConfig, Simulation};
 use std::fmt::Write as _;
 
 /// A fixed-width text table: one row per policy with mean allocation and unallocated GPU % at the
@@ -187,6 +187,84 @@ pub fn svg(sim: &Simulation) -> String {
     s
 }
 
+/// `12.3s` under a minute, else `4m05s`.
+pub fn secs(s: f64) -> String {
+    if s < 60.0 {
+        format!("{s:.1}s")
+    } else {
+        format!("{}m{:02}s", (s / 60.0).floor(), (s % 60.0).floor())
+    }
+}
+
+/// The progress line said before the runs start.
+pub fn start_line(config: &SimConfig, nodes: usize, pods: usize) -> String {
+    let runs_total = config.policies.len() * config.seeds.len();
+    format!(
+        "simulating {nodes} nodes, {pods} trace pods, load {:.0}%: {} polic{} x {} seed{} = {runs_total} run{}",
+        config.load * 100.0,
+        config.policies.len(),
+        if config.policies.len() == 1 {
+            "y"
+        } else {
+            "ies"
+        },
+        config.seeds.len(),
+        if config.seeds.len() == 1 { "" } else { "s" },
+        if runs_total == 1 { "" } else { "s" },
+    )
+}
+
+/// The progress line of a finished run: `done` runs finished after `elapsed` seconds.
+pub fn run_done_line(p: &Progress, done: usize, elapsed: f64) -> String {
+    let eta = elapsed / done as f64 * (p.runs_total.saturating_sub(done)) as f64;
+    format!(
+        "[{done}/{}] {} seed {} done ({} pods)  elapsed {}  ETA {}",
+        p.runs_total,
+        p.policy.name(),
+        p.seed,
+        p.pods_total,
+        secs(elapsed),
+        secs(eta)
+    )
+}
+
+/// The summary table, then the mean allocation curve at every 10% of arrived workload.
+pub fn text(sim: &Simulation, nodes: usize, pods: usize) -> String {
+    let mut s = format!(
+        "{nodes} nodes, {} GPUs, {pods} trace pods\n\n",
+        sim.gpu_capacity_milli / 1000
+    );
+    s.push_str(&table(sim));
+    let max = (sim.load * 100.0).round() as usize;
+    let steps: Vec<usize> = (10..=max)
+        .step_by(10)
+        .chain((!max.is_multiple_of(10)).then_some(max))
+        .collect();
+    let _ = writeln!(
+        s,
+        "\nGPU allocation % by arrived workload (% of GPU capacity, mean over seeds):"
+    );
+    let _ = write!(s, "{:<14}", "policy");
+    for k in &steps {
+        let _ = write!(s, " {:>6}", format!("{k}%"));
+    }
+    s.push('\n');
+    for x in &sim.summaries {
+        let _ = write!(s, "{:<14}", x.policy.name());
+        for &k in &steps {
+            let v = x
+                .mean_curve
+                .get(k)
+                .or(x.mean_curve.last())
+                .copied()
+                .unwrap_or(0.0);
+            let _ = write!(s, " {v:>6.1}");
+        }
+        s.push('\n');
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,5 +309,11 @@ mod tests {
         assert!(g.starts_with("<svg") && g.trim_end().ends_with("</svg>"));
         assert!(g.contains("FGD (9.00% unalloc.)"));
         assert_eq!(g.matches("<polyline").count(), 2);
+    }
+
+    #[test]
+    fn durations_read_as_seconds_then_minutes() {
+        assert_eq!(secs(12.34), "12.3s");
+        assert_eq!(secs(245.0), "4m05s");
     }
 }

@@ -1,5 +1,6 @@
 //! Building the kubelet's `ContainerAllocateResponse` for one container, as NVIDIA's plugin does.
 
+use crate::ResourcesError;
 use crate::config::{Config, DeviceIdStrategy, DeviceListStrategy, SharingStrategy};
 use crate::model::{Backing, Resource};
 use serde::{Deserialize, Serialize};
@@ -37,20 +38,6 @@ pub struct DeviceSpec {
     pub container_path: String,
     pub host_path: String,
     pub permissions: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AllocateError {
-    #[error("unknown device ID {id} for resource {resource}")]
-    UnknownDevice { resource: String, id: String },
-    #[error(
-        "request for '{resource}: {count}' too large: maximum request size for shared resources is 1"
-    )]
-    SharedRequestTooLarge { resource: String, count: usize },
-    #[error("GPU {gpu} has no known /dev/nvidiaN minor number; cannot pass device specs")]
-    NoMinorNumber { gpu: u32 },
-    #[error("empty request for resource {resource}")]
-    Empty { resource: String },
 }
 
 /// What the agent knows about the host's device nodes.
@@ -160,9 +147,9 @@ pub fn allocate(
     ids: &[String],
     cfg: &Config,
     host: &HostDevices,
-) -> Result<ContainerAllocation, AllocateError> {
+) -> Result<ContainerAllocation, ResourcesError> {
     if ids.is_empty() {
-        return Err(AllocateError::Empty {
+        return Err(ResourcesError::EmptyRequest {
             resource: resource.name.clone(),
         });
     }
@@ -170,7 +157,7 @@ pub fn allocate(
     for id in ids {
         let d = resource
             .device(id)
-            .ok_or_else(|| AllocateError::UnknownDevice {
+            .ok_or_else(|| ResourcesError::AllocateUnknownDevice {
                 resource: resource.name.clone(),
                 id: id.clone(),
             })?;
@@ -182,7 +169,7 @@ pub fn allocate(
         && resource.fail_requests_greater_than_one
         && ids.len() > 1
     {
-        return Err(AllocateError::SharedRequestTooLarge {
+        return Err(ResourcesError::SharedRequestTooLarge {
             resource: resource.name.clone(),
             count: ids.len(),
         });
@@ -267,7 +254,7 @@ pub fn allocate(
         for b in &backings {
             let minor = b
                 .gpu_minor
-                .ok_or(AllocateError::NoMinorNumber { gpu: b.gpu_index })?;
+                .ok_or(ResourcesError::NoMinorNumber { gpu: b.gpu_index })?;
             let mut mine = vec![format!("/dev/nvidia{minor}")];
             if let Some(m) = &b.mig {
                 let (gi, ci) = mig_cap_minors(host, minor, m.gi_id, m.ci_id);
@@ -512,7 +499,7 @@ mod tests {
         let (r, c) = res("flags: {plugin: {passDeviceSpecs: true}}", vec![g]);
         assert_eq!(
             allocate(&r, &s(&[uuid(0)]), &c, &host).unwrap_err(),
-            AllocateError::NoMinorNumber { gpu: 0 }
+            ResourcesError::NoMinorNumber { gpu: 0 }
         );
 
         // MIG: parent node plus GI and CI capability nodes.

@@ -9,6 +9,7 @@
 //! Every name [`crate::allocate`] can emit (`k8s.device-plugin.nvidia.com/gpu=<id>` with a GPU UUID,
 //! a GPU index `i`, a MIG UUID or a MIG index `i:j`) has a device here, and `all` names them all.
 
+use crate::ResourcesError;
 use crate::allocate::{CDI_KIND, HostDevices, VISIBLE_DEVICES_ENV, mig_cap_minors};
 use gpuops_inventory::Inventory;
 use serde::{Deserialize, Serialize};
@@ -44,17 +45,6 @@ const HOOK_NAMES: &[&str] = &[
     "poststart",
     "poststop",
 ];
-
-/// Why a spec cannot be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CdiError {
-    #[error(
-        "no GPUs in the inventory: a CDI spec needs at least one device (is the driver loaded? with --simulate, is the fleet empty?)"
-    )]
-    NoDevices,
-    #[error("CDI kind {0:?} is not vendor/class (e.g. {CDI_KIND} or nvidia.com/gpu)")]
-    BadKind(String),
-}
 
 /// The driver's files under the driver root, as the host probe found them. Every path is the
 /// one the container gets: relative to the driver root, written absolute (`/usr/bin/nvidia-smi`);
@@ -277,14 +267,19 @@ pub fn spec(
     host: &HostDevices,
     driver: &DriverFiles,
     opts: &SpecOptions,
-) -> Result<CdiSpec, CdiError> {
+) -> Result<CdiSpec, ResourcesError> {
     if inv.gpus.is_empty() {
-        return Err(CdiError::NoDevices);
+        return Err(ResourcesError::NoDevices);
     }
     match opts.kind.split_once('/') {
         Some((vendor, class)) if valid_kind_part(vendor, true) && valid_kind_part(class, false) => {
         }
-        _ => return Err(CdiError::BadKind(opts.kind.clone())),
+        _ => {
+            return Err(ResourcesError::BadKind {
+                kind: opts.kind.clone(),
+                example: CDI_KIND,
+            });
+        }
     }
     let dev_root = opts.dev_root.as_str();
     let mut devices = Vec::new();
@@ -1033,7 +1028,7 @@ mod tests {
             &SpecOptions::default(),
         )
         .unwrap_err();
-        assert_eq!(e, CdiError::NoDevices);
+        assert_eq!(e, ResourcesError::NoDevices);
         assert!(e.to_string().contains("no GPUs in the inventory"), "{e}");
         for kind in ["nvidia.com", "", "nvidia.com/gpu/x"] {
             let opts = SpecOptions {
@@ -1041,7 +1036,13 @@ mod tests {
                 ..SpecOptions::default()
             };
             let e = spec(&mig_inv(), &HostDevices::default(), &driver(), &opts).unwrap_err();
-            assert_eq!(e, CdiError::BadKind(kind.into()));
+            assert_eq!(
+                e,
+                ResourcesError::BadKind {
+                    kind: kind.into(),
+                    example: CDI_KIND
+                }
+            );
             assert!(e.to_string().contains("is not vendor/class"), "{e}");
         }
         let opts = SpecOptions {

@@ -5,6 +5,7 @@
 //! After `effective`, every such field is `Some`; the accessors (`mig_strategy()`, ...) give the
 //! default for `None` either way.
 
+use crate::ResourcesError;
 use gpuops_yamlpos::{Node, SNode, edit_distance};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -20,37 +21,12 @@ pub const RESOURCE_PREFIX: &str = "nvidia.com";
 /// Longest fully qualified resource name NVIDIA accepts.
 pub const MAX_RESOURCE_NAME_LEN: usize = 63;
 
-/// A problem with a config file, an env var or a flag: where (file:line:column when known) and what.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct ConfigError {
-    /// File name, `env`, `flags` or `config`.
-    pub origin: String,
-    pub line: Option<u64>,
-    pub column: Option<u64>,
-    pub problem: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.origin)?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-            if let Some(column) = self.column {
-                write!(f, ":{column}")?;
-            }
-        }
-        write!(f, ": {}", self.problem)
-    }
-}
-
-impl ConfigError {
-    fn new(origin: &str, at: Option<Position>, problem: impl Into<String>) -> Self {
-        ConfigError {
-            origin: origin.to_string(),
-            line: at.map(|p| p.line),
-            column: at.map(|p| p.column),
-            problem: problem.into(),
-        }
+fn config_error(origin: &str, at: Option<Position>, problem: impl Into<String>) -> ResourcesError {
+    ResourcesError::Config {
+        origin: origin.to_string(),
+        line: at.map(|p| p.line),
+        column: at.map(|p| p.column),
+        problem: problem.into(),
     }
 }
 
@@ -786,7 +762,7 @@ fn closest_key(word: &str, known: &[&'static str]) -> Option<&'static str> {
 }
 
 /// Turns a serde-saphyr error into ours, keeping its line and column.
-fn syntax_error(origin: &str, e: &serde_saphyr::Error) -> ConfigError {
+fn syntax_error(origin: &str, e: &serde_saphyr::Error) -> ResourcesError {
     let rendered = e.to_string();
     let first = rendered.lines().next().unwrap_or_default();
     let mut msg = first.strip_prefix("error: ").unwrap_or(first).to_string();
@@ -800,16 +776,16 @@ fn syntax_error(origin: &str, e: &serde_saphyr::Error) -> ConfigError {
             msg = rest.to_string();
         }
     }
-    ConfigError::new(origin, at, msg)
+    config_error(origin, at, msg)
 }
 
 impl Config {
     /// Parses and validates a config file (YAML or JSON). `origin` names the file in errors. A
     /// file with nothing in it (empty, blanks or comments only) is an error naming the file: a
     /// config file that says nothing is a mount or templating mistake, not a wish for defaults.
-    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ResourcesError> {
         let empty = || {
-            ConfigError::new(
+            config_error(
                 origin,
                 None,
                 "the file is empty: expected a device plugin config (version: v1, flags: ..., sharing: ...)",
@@ -831,10 +807,10 @@ impl Config {
     }
 
     /// Checks the rules NVIDIA's plugin enforces (and a few it should).
-    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+    pub fn validate(&self, origin: &str) -> Result<(), ResourcesError> {
         let v = self.version.value.as_str();
         if !(v.is_empty() || v == "v1") {
-            return Err(ConfigError::new(
+            return Err(config_error(
                 origin,
                 self.version.at,
                 format!("unknown version {v:?}; only \"v1\" is supported"),
@@ -843,11 +819,7 @@ impl Config {
         if let Some(list) = &self.flags.plugin.device_list_strategy
             && list.0.is_empty()
         {
-            return Err(ConfigError::new(
-                origin,
-                None,
-                "deviceListStrategy is empty",
-            ));
+            return Err(config_error(origin, None, "deviceListStrategy is empty"));
         }
         for (section, r) in [
             ("sharing.timeSlicing", &self.sharing.time_slicing),
@@ -855,38 +827,37 @@ impl Config {
         ] {
             let Some(r) = r else { continue };
             if r.resources.is_empty() {
-                return Err(ConfigError::new(
+                return Err(config_error(
                     origin,
                     None,
                     format!("{section}: no resources specified"),
                 ));
             }
             for res in &r.resources {
-                let name = qualify_resource_name(&res.name.value).map_err(|p| {
-                    ConfigError::new(origin, res.name.at, format!("{section}: {p}"))
-                })?;
+                let name = qualify_resource_name(&res.name.value)
+                    .map_err(|p| config_error(origin, res.name.at, format!("{section}: {p}")))?;
                 if let Some(rename) = &res.rename {
                     qualify_resource_name(&rename.value).map_err(|p| {
-                        ConfigError::new(origin, rename.at, format!("{section}: rename: {p}"))
+                        config_error(origin, rename.at, format!("{section}: rename: {p}"))
                     })?;
                 }
                 match res.replicas.value {
                     None => {
-                        return Err(ConfigError::new(
+                        return Err(config_error(
                             origin,
                             res.name.at,
                             format!("{section}: {name}: replicas is required"),
                         ));
                     }
                     Some(n) if n < 2 => {
-                        return Err(ConfigError::new(
+                        return Err(config_error(
                             origin,
                             res.replicas.at,
                             format!("{section}: {name}: replicas must be >= 2 (got {n})"),
                         ));
                     }
                     Some(n) if u32::try_from(n).is_err() => {
-                        return Err(ConfigError::new(
+                        return Err(config_error(
                             origin,
                             res.replicas.at,
                             format!("{section}: {name}: replicas {n} is too large"),
@@ -899,14 +870,14 @@ impl Config {
         let ts = Sharing::replicated(&self.sharing.time_slicing);
         let mps = Sharing::replicated(&self.sharing.mps);
         if ts && mps {
-            return Err(ConfigError::new(
+            return Err(config_error(
                 origin,
                 self.mps_position(),
                 "sharing.timeSlicing and sharing.mps are exclusive; configure only one",
             ));
         }
         if mps && self.mig_strategy() == MigStrategy::Mixed {
-            return Err(ConfigError::new(
+            return Err(config_error(
                 origin,
                 self.mps_position(),
                 "MPS sharing is not supported with the mixed MIG strategy",
@@ -915,11 +886,7 @@ impl Config {
         if let Some(prefix) = &self.flags.plugin.cdi_annotation_prefix
             && prefix.is_empty()
         {
-            return Err(ConfigError::new(
-                origin,
-                None,
-                "cdiAnnotationPrefix is empty",
-            ));
+            return Err(config_error(origin, None, "cdiAnnotationPrefix is empty"));
         }
         Ok(())
     }
@@ -989,11 +956,11 @@ impl Config {
         file: Option<Config>,
         env: &Overrides,
         flags: &Overrides,
-    ) -> Result<Config, ConfigError> {
+    ) -> Result<Config, ResourcesError> {
         let mut cfg = file.unwrap_or_default();
         for (origin, o) in [("env", env), ("flags", flags)] {
             o.apply(&mut cfg)
-                .map_err(|p| ConfigError::new(origin, None, p))?;
+                .map_err(|p| config_error(origin, None, p))?;
         }
         let f = &mut cfg.flags;
         f.mig_strategy.get_or_insert_default();
@@ -1091,7 +1058,7 @@ impl Overrides {
 
     /// Reads NVIDIA's env vars (plus `DEVICE_SPLIT_COUNT`) from `vars`; others are ignored, and an
     /// empty value counts as unset (as with NVIDIA's CLI library).
-    pub fn from_env<I, K, V>(vars: I) -> Result<Overrides, ConfigError>
+    pub fn from_env<I, K, V>(vars: I) -> Result<Overrides, ResourcesError>
     where
         I: IntoIterator<Item = (K, V)>,
         K: AsRef<str>,
@@ -1103,7 +1070,7 @@ impl Overrides {
             if v.is_empty() {
                 continue;
             }
-            o.set(k, v).map_err(|p| ConfigError {
+            o.set(k, v).map_err(|p| ResourcesError::Config {
                 origin: "env".into(),
                 line: None,
                 column: None,
@@ -1114,7 +1081,7 @@ impl Overrides {
     }
 
     /// [`Overrides::from_env`] over a map.
-    pub fn from_env_map(vars: &HashMap<String, String>) -> Result<Overrides, ConfigError> {
+    pub fn from_env_map(vars: &HashMap<String, String>) -> Result<Overrides, ResourcesError> {
         Self::from_env(vars.iter())
     }
 
@@ -1243,7 +1210,7 @@ pub fn select_named(
     configs: &BTreeMap<String, Config>,
     label: Option<&str>,
     default_name: Option<&str>,
-) -> Result<Selection, ConfigError> {
+) -> Result<Selection, ResourcesError> {
     let wanted = label
         .map(str::trim)
         .filter(|l| !l.is_empty())
@@ -1259,7 +1226,7 @@ pub fn select_named(
                 name: Some(name.to_string()),
                 config: c.clone(),
             }),
-            None => Err(ConfigError::new(
+            None => Err(config_error(
                 "config",
                 None,
                 format!(

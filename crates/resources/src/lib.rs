@@ -14,20 +14,21 @@
 pub mod allocate;
 pub mod cdi;
 pub mod config;
+pub mod error;
 pub mod health;
 pub mod model;
 pub mod preferred;
 
 pub use allocate::{
-    AllocateError, ContainerAllocation, DeviceSpec, HostDevices, Mount, allocate, parse_mig_minors,
+    ContainerAllocation, DeviceSpec, HostDevices, Mount, allocate, parse_mig_minors,
 };
 pub use config::{
-    AllocationPolicy, Config, ConfigError, DeviceIdStrategy, DeviceListStrategies,
-    DeviceListStrategy, MigStrategy, Overrides, Selection, SharingStrategy, UnknownKey,
-    UnknownKeyReport, select_named,
+    AllocationPolicy, Config, DeviceIdStrategy, DeviceListStrategies, DeviceListStrategy,
+    MigStrategy, Overrides, Selection, SharingStrategy, UnknownKey, UnknownKeyReport, select_named,
 };
-pub use model::{Backing, Device, MigBacking, ModelError, Resource, resources};
-pub use preferred::{PreferredError, preferred_allocation};
+pub use error::ResourcesError;
+pub use model::{Backing, Device, MigBacking, Resource, resources};
+pub use preferred::preferred_allocation;
 
 /// Hand-built inventories and configs for the unit tests.
 #[cfg(test)]

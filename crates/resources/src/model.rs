@@ -1,6 +1,7 @@
 //! Which kubelet resources a node's GPUs become: MIG strategies, sharing (replicas, renames, device
 //! selection), health and NUMA placement.
 
+use crate::ResourcesError;
 use crate::config::{
     Config, DeviceRef, MigStrategy, RESOURCE_PREFIX, ReplicatedDevices, SharingStrategy,
     qualify_resource_name,
@@ -98,50 +99,6 @@ pub struct MigBacking {
     pub profile: String,
 }
 
-/// Why a node's GPUs cannot be turned into resources under a config.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ModelError {
-    #[error(
-        "MIG strategy single needs every GPU in the same MIG mode: MIG is enabled on GPU {} and disabled on GPU {}; use migStrategy mixed or change the MIG mode",
-        list(.enabled), list(.disabled)
-    )]
-    MixedMigModes {
-        enabled: Vec<u32>,
-        disabled: Vec<u32>,
-    },
-    #[error(
-        "MIG strategy single needs one MIG profile on the node, found {}; use migStrategy mixed or repartition",
-        .profiles.iter().map(|(p, g)| format!("{p} (GPU {})", list(g))).collect::<Vec<_>>().join(", ")
-    )]
-    MultipleMigProfiles {
-        profiles: BTreeMap<String, Vec<u32>>,
-    },
-    #[error(
-        "MIG strategy single: MIG is enabled on GPU {} but it has no MIG devices; create instances or disable MIG",
-        list(.gpus)
-    )]
-    NoMigDevices { gpus: Vec<u32> },
-    #[error("device {device} (GPU {gpu}) is selected by two sharing entries: {first} and {second}")]
-    DeviceSharedTwice {
-        device: String,
-        gpu: u32,
-        first: String,
-        second: String,
-    },
-    #[error(
-        "resource {name} would mix devices with different sharing ({a} and {b}); give the shared devices their own name with rename or renameByDefault"
-    )]
-    ConflictingSharing { name: String, a: String, b: String },
-    #[error("invalid resource name: {0}")]
-    InvalidName(String),
-    #[error("device ID {id} (GPU {gpu}) is longer than {MAX_DEVICE_ID_LEN} characters")]
-    IdTooLong { id: String, gpu: u32 },
-}
-
-fn list(v: &[u32]) -> String {
-    v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
-}
-
 /// The MIG profile as it appears in NVIDIA's resource names.
 pub fn mig_profile_name(m: &MigDevice) -> &str {
     if m.ci_profile.is_empty() {
@@ -208,7 +165,7 @@ fn mig(g: &Gpu, m: &MigDevice, resource: String) -> BaseDevice {
     }
 }
 
-fn base_devices(inv: &Inventory, strategy: MigStrategy) -> Result<Vec<BaseDevice>, ModelError> {
+fn base_devices(inv: &Inventory, strategy: MigStrategy) -> Result<Vec<BaseDevice>, ResourcesError> {
     // A GPU lost before we ever read it has no UUID to advertise.
     let mut gpus: Vec<&Gpu> = inv.gpus.iter().filter(|g| !g.uuid.is_empty()).collect();
     gpus.sort_by_key(|g| g.index);
@@ -223,7 +180,7 @@ fn base_devices(inv: &Inventory, strategy: MigStrategy) -> Result<Vec<BaseDevice
                 return Ok(out);
             }
             if !disabled.is_empty() {
-                return Err(ModelError::MixedMigModes {
+                return Err(ResourcesError::MixedMigModes {
                     enabled: enabled.iter().map(|g| g.index).collect(),
                     disabled: disabled.iter().map(|g| g.index).collect(),
                 });
@@ -234,7 +191,7 @@ fn base_devices(inv: &Inventory, strategy: MigStrategy) -> Result<Vec<BaseDevice
                 .map(|g| g.index)
                 .collect();
             if !empty.is_empty() {
-                return Err(ModelError::NoMigDevices { gpus: empty });
+                return Err(ResourcesError::NoMigDevices { gpus: empty });
             }
             let mut profiles: BTreeMap<String, Vec<u32>> = BTreeMap::new();
             for g in &enabled {
@@ -246,7 +203,7 @@ fn base_devices(inv: &Inventory, strategy: MigStrategy) -> Result<Vec<BaseDevice
                 }
             }
             if profiles.len() > 1 {
-                return Err(ModelError::MultipleMigProfiles { profiles });
+                return Err(ResourcesError::MultipleMigProfiles { profiles });
             }
             for g in &enabled {
                 let mut migs: Vec<&MigDevice> = g.mig_devices.iter().collect();
@@ -301,7 +258,7 @@ impl Sharing {
 
 /// The resources `inv`'s GPUs become under `cfg`, ordered by name. Resources with no devices are
 /// left out. Unhealthy GPUs' devices are present with `health_ok: false`.
-pub fn resources(inv: &Inventory, cfg: &Config) -> Result<Vec<Resource>, ModelError> {
+pub fn resources(inv: &Inventory, cfg: &Config) -> Result<Vec<Resource>, ResourcesError> {
     let base = base_devices(inv, cfg.mig_strategy())?;
     let (strategy, section) = cfg.sharing.active();
     // Which sharing entry (index, display name) each base device belongs to.
@@ -309,12 +266,13 @@ pub fn resources(inv: &Inventory, cfg: &Config) -> Result<Vec<Resource>, ModelEr
     let mut targets: Vec<(String, Sharing)> = Vec::new();
     if let Some(section) = section {
         for (ei, entry) in section.resources.iter().enumerate() {
-            let name = qualify_resource_name(&entry.name.value).map_err(ModelError::InvalidName)?;
+            let name =
+                qualify_resource_name(&entry.name.value).map_err(ResourcesError::InvalidName)?;
             let target = match &entry.rename {
-                Some(r) => qualify_resource_name(&r.value).map_err(ModelError::InvalidName)?,
+                Some(r) => qualify_resource_name(&r.value).map_err(ResourcesError::InvalidName)?,
                 None if section.rename_by_default => {
                     qualify_resource_name(&format!("{name}.shared"))
-                        .map_err(ModelError::InvalidName)?
+                        .map_err(ResourcesError::InvalidName)?
                 }
                 None => name.clone(),
             };
@@ -346,7 +304,7 @@ pub fn resources(inv: &Inventory, cfg: &Config) -> Result<Vec<Resource>, ModelEr
             };
             for i in selected {
                 if let Some(prev) = assigned[i] {
-                    return Err(ModelError::DeviceSharedTwice {
+                    return Err(ResourcesError::DeviceSharedTwice {
                         device: base[i].backing.uuid().to_string(),
                         gpu: base[i].backing.gpu_index,
                         first: format!("#{} ({})", prev + 1, section.resources[prev].name.value),
@@ -392,7 +350,7 @@ pub fn resources(inv: &Inventory, cfg: &Config) -> Result<Vec<Resource>, ModelEr
             not_shared.clone()
         };
         if existing != mine {
-            return Err(ModelError::ConflictingSharing {
+            return Err(ResourcesError::ConflictingSharing {
                 name: name.clone(),
                 a: existing.describe(),
                 b: mine.describe(),
@@ -408,9 +366,10 @@ pub fn resources(inv: &Inventory, cfg: &Config) -> Result<Vec<Resource>, ModelEr
         };
         for (id, replica) in ids {
             if id.len() > MAX_DEVICE_ID_LEN {
-                return Err(ModelError::IdTooLong {
+                return Err(ResourcesError::IdTooLong {
                     id,
                     gpu: d.backing.gpu_index,
+                    max: MAX_DEVICE_ID_LEN,
                 });
             }
             r.devices.push(Device {

@@ -6,6 +6,7 @@
 //! devices: NVIDIA's greedy `distributed` / `packed` policies, or (`fragmentation-aware`, ours)
 //! the whole request on the one device the packing engine's GPU-level rule picks.
 
+use crate::ResourcesError;
 use crate::config::{AllocationPolicy, Config};
 use crate::model::{Device, Resource};
 use gpuops_inventory::{GpuLink, Inventory, PcieLevel};
@@ -13,26 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Above this many candidate subsets the exact search gives way to a greedy one.
 pub const MAX_EXACT_SUBSETS: u64 = 200_000;
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PreferredError {
-    #[error("resource {resource}: asked for {size} devices but only {available} are available")]
-    TooFew {
-        resource: String,
-        size: usize,
-        available: usize,
-    },
-    #[error("resource {resource}: {required} required devices exceed the request size {size}")]
-    TooManyRequired {
-        resource: String,
-        required: usize,
-        size: usize,
-    },
-    #[error("resource {resource}: unknown device ID {id}")]
-    UnknownDevice { resource: String, id: String },
-    #[error("resource {resource}: required device {id} is not among the available ones")]
-    RequiredNotAvailable { resource: String, id: String },
-}
 
 /// NVIDIA's pair score for two GPUs: 100 per NVLink plus the PCIe path's score.
 pub fn pair_score(link: &GpuLink) -> u64 {
@@ -55,11 +36,11 @@ pub fn preferred_allocation(
     size: usize,
     cfg: &Config,
     inv: &Inventory,
-) -> Result<Vec<String>, PreferredError> {
+) -> Result<Vec<String>, ResourcesError> {
     let lookup = |id: &String| {
         resource
             .device(id)
-            .ok_or_else(|| PreferredError::UnknownDevice {
+            .ok_or_else(|| ResourcesError::PreferredUnknownDevice {
                 resource: resource.name.clone(),
                 id: id.clone(),
             })
@@ -75,7 +56,7 @@ pub fn preferred_allocation(
     for id in must_include {
         let d = lookup(id)?;
         if !avail.iter().any(|a| a.id == d.id) {
-            return Err(PreferredError::RequiredNotAvailable {
+            return Err(ResourcesError::RequiredNotAvailable {
                 resource: resource.name.clone(),
                 id: id.clone(),
             });
@@ -85,14 +66,14 @@ pub fn preferred_allocation(
         }
     }
     if required.len() > size {
-        return Err(PreferredError::TooManyRequired {
+        return Err(ResourcesError::TooManyRequired {
             resource: resource.name.clone(),
             required: required.len(),
             size,
         });
     }
     if avail.len() < size {
-        return Err(PreferredError::TooFew {
+        return Err(ResourcesError::TooFew {
             resource: resource.name.clone(),
             size,
             available: avail.len(),

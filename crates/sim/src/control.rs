@@ -76,6 +76,10 @@ impl SimState {
     }
 
     /// Marks a GPU as held by a client, so MIG mode changes need a reset (or releases it).
+    pub fn set_driver_hung(&mut self, hung: bool) {
+        self.driver_hung = hung;
+    }
+
     pub fn set_held(&mut self, gpu: u32, held: bool) -> Result<(), SimError> {
         self.gpu_mut(gpu)?.held = held;
         Ok(())

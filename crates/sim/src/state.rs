@@ -29,6 +29,11 @@ pub struct SimState {
     pub next_event_seq: u64,
     /// Bumped for every created instance so re-created MIG devices get fresh UUIDs, as on real drivers.
     pub next_instance_serial: u64,
+    /// `gpuops sim hang-driver`: every NVML call blocks until the hang is cleared, as when the
+    /// driver is stuck in the kernel (a GPU wedged mid-reset, an RM call that never returns).
+    /// Left out of the file while false, so state files stay as they were.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub driver_hung: bool,
 }
 
 /// One simulated GPU.
@@ -229,6 +234,7 @@ impl SimState {
             events: Vec::new(),
             next_event_seq: 1,
             next_instance_serial: 1,
+            driver_hung: false,
         })
     }
 

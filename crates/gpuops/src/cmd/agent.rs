@@ -2,7 +2,7 @@
 //! [`gpuops_agent::Agent::run`]; the runtime itself lives in the gpuops-agent crate.
 
 use crate::gpu_source::{self, GpuArgs};
-use crate::output;
+
 use anyhow::{Context, Result};
 use gpuops_agent::{AgentConfig, MetricsConfig, prepare};
 use gpuops_metrics::HostnameLabel;
@@ -349,7 +349,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ),
         None => println!("GPUs from: none yet (NVML not loaded; retrying)\n"),
     }
-    print!("{}", output::inventory_tables(&first));
+    print!("{}", gpuops_inventory::render::tables(&first));
     println!("\nEndpoints:");
     let metrics_listener = if args.no_metrics {
         println!("  metrics        not served (--no-metrics)");

@@ -3,8 +3,7 @@
 use crate::gpu_source::{self, GpuArgs};
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use gpuops_resources::HostDevices;
-use gpuops_resources::cdi::{self, CdiSpec, SpecOptions};
+use gpuops_resources::cdi::{self, CdiSpec};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -108,76 +107,29 @@ fn update_ldcache(folders: &[String], ldconfig: &Path) -> Result<ExitCode> {
     let mut state = String::new();
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut state)
         .context("reading the OCI state on stdin")?;
-    let root =
-        cdi::hook_rootfs(&state, |p| std::fs::read_to_string(p)).map_err(anyhow::Error::msg)?;
-    let conf = cdi::ldcache_conf(folders).map_err(anyhow::Error::msg)?;
-    // The hook runs as root before the container's root is pivoted to: a link in the image
-    // (etc -> /etc) would make it write on the host.
-    let mut at = root.clone();
-    for part in Path::new(cdi::LDCACHE_CONF).iter() {
-        at.push(part);
-        if at
-            .symlink_metadata()
-            .is_ok_and(|m| m.file_type().is_symlink())
-        {
-            anyhow::bail!(
-                "{} is a symlink in the container's image; not writing through it",
-                at.display()
-            );
-        }
-    }
-    let file = root.join(cdi::LDCACHE_CONF);
-    gpuops_atomicfile::write(&file, conf)?;
-    let status = std::process::Command::new(ldconfig)
-        .arg("-r")
-        .arg(&root)
-        .status()
-        .with_context(|| format!("running {}", ldconfig.display()))?;
-    if !status.success() {
-        anyhow::bail!("{} -r {}: {status}", ldconfig.display(), root.display());
-    }
+    gpuops_agent::update_ldcache(&state, folders, ldconfig)?;
     Ok(ExitCode::SUCCESS)
 }
 
 fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let opened = gpu_source::open(&args.gpus)?;
     let inventory = opened.gpus.snapshot()?;
-    // A simulated node's device nodes and driver files are in its state directory (`gpuops sim
-    // dev-nodes`); without them, or in a temporary one (gone when this exits), the spec names the
-    // usual paths.
-    let sim = opened
-        .simulation
-        .as_ref()
-        .filter(|_| args.gpus.sim_state.is_some())
-        .filter(|s| s.state_dir.join("dev").is_dir());
-    let (dev_root, driver_root) = match sim {
-        Some(sim) => (
-            sim.state_dir.display().to_string(),
-            sim.state_dir
-                .join(gpuops_sim::devnodes::DRIVER_ROOT)
-                .display()
-                .to_string(),
-        ),
-        None => (args.dev_root.clone(), args.driver_root.clone()),
-    };
-    let host = match (&opened.simulation, sim) {
-        (Some(_), None) => HostDevices::default(),
-        (_, Some(sim)) if !sim.state_dir.join("dev").is_dir() => HostDevices::default(),
-        (_, Some(sim)) => {
-            gpuops_deviceplugin::probe_host(&sim.state_dir, &sim.state_dir.join("proc"))
-        }
-        (None, None) => gpuops_deviceplugin::probe_host(Path::new(&dev_root), Path::new("/proc")),
-    };
-    let driver = match (&opened.simulation, sim) {
-        (Some(_), None) => Default::default(),
-        _ => gpuops_agent::probe_driver(Path::new(&driver_root), &inventory.driver_version)?,
-    };
-    let options = SpecOptions {
-        kind: args.kind.clone(),
-        dev_root,
-        driver_root: args.host_driver_root.clone().unwrap_or(driver_root),
-        gpuops_hook: args.hook_path.clone(),
-    };
+    let (host, driver, options) = gpuops_agent::generate_inputs(
+        &inventory,
+        opened.simulation.is_some(),
+        opened
+            .simulation
+            .as_ref()
+            .filter(|_| args.gpus.sim_state.is_some())
+            .map(|s| s.state_dir.as_path()),
+        gpuops_agent::GenerateRoots {
+            dev_root: args.dev_root,
+            driver_root: args.driver_root,
+            host_driver_root: args.host_driver_root,
+            kind: args.kind,
+            hook_path: args.hook_path,
+        },
+    )?;
     let spec = cdi::spec(&inventory, &host, &driver, &options)?;
     if let Err(problems) = cdi::validate(&spec) {
         eprintln!("error: the generated CDI spec is invalid; not writing it:");

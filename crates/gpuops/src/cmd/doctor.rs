@@ -3,7 +3,7 @@
 
 use crate::output::{self, Format};
 use anyhow::{Context, Result};
-use gpuops_doctor::{Options, Snapshot, diagnose, has_critical, report};
+use gpuops_doctor::{Options, Snapshot, diagnose, has_critical, render};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -81,29 +81,6 @@ enum Colour {
     Never,
 }
 
-#[derive(serde::Serialize)]
-struct Json<'a> {
-    summary: Summary<'a>,
-    findings: &'a [gpuops_doctor::Finding],
-}
-
-#[derive(serde::Serialize)]
-struct Summary<'a> {
-    critical: usize,
-    warning: usize,
-    info: usize,
-    nodes: usize,
-    pods: usize,
-    events: usize,
-    metric_samples: usize,
-    logs: usize,
-    read_ms: u128,
-    diagnose_ms: u128,
-    sources: &'a [String],
-    /// Sources that could not be read (flag or object, and why); the findings use the rest.
-    unread: &'a [String],
-}
-
 pub fn run(args: Args) -> Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -125,66 +102,28 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let t = Instant::now();
     let findings = diagnose(&snapshot, &options);
     let diagnose_ms = t.elapsed().as_millis();
-    let (critical, warning, info) = gpuops_doctor::counts(&findings);
-    let summary = Summary {
-        critical,
-        warning,
-        info,
-        nodes: snapshot.nodes.len(),
-        pods: snapshot.pods.len(),
-        events: snapshot.events.len(),
-        metric_samples: snapshot.metrics.len(),
-        logs: snapshot.logs.len(),
+    let stats = render::ReadStats {
         read_ms,
         diagnose_ms,
-        sources: &from,
-        unread: &unread,
+        sources: from,
+        unread,
+        metrics_given: args.metrics.any(),
     };
-    match output::structured(
-        &Json {
-            summary,
-            findings: &findings,
-        },
-        args.output,
-    )? {
-        Some(text) => print!("{text}"),
-        None => {
-            let colour = match args.color {
-                Colour::Always => true,
-                Colour::Never => false,
-                Colour::Auto => {
-                    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-                }
-            };
-            let gpu_nodes = snapshot
-                .nodes
-                .iter()
-                .filter(|n| {
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.capacity.as_ref())
-                        .is_some_and(|c| c.keys().any(|k| k.starts_with("nvidia.com/")))
-                })
-                .count();
-            let mut header = format!(
-                "Read {} nodes ({gpu_nodes} with GPUs), {} pods, {} events",
-                snapshot.nodes.len(),
-                snapshot.pods.len(),
-                snapshot.events.len()
-            );
-            for f in &from {
-                header.push_str(&format!(", {f}"));
+    let text =
+        match output::structured(&render::document(&snapshot, &findings, &stats), args.output)? {
+            Some(text) => text,
+            None => {
+                let colour = match args.color {
+                    Colour::Always => true,
+                    Colour::Never => false,
+                    Colour::Auto => {
+                        std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+                    }
+                };
+                render::text(&snapshot, &findings, &stats, colour)
             }
-            header.push_str(&format!(" in {read_ms} ms; diagnosed in {diagnose_ms} ms"));
-            for u in &unread {
-                header.push_str(&format!("\ncould not read {u}"));
-            }
-            if !args.metrics.any() {
-                header.push_str("\n(no metrics: add --prometheus URL or --metrics-from agents for XIDs, memory and idle GPUs)");
-            }
-            print!("{}", report::render(&findings, &header, colour));
-        }
-    }
+        };
+    print!("{text}");
     Ok(if has_critical(&findings) {
         ExitCode::from(EXIT_CRITICAL)
     } else {

@@ -28,7 +28,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Some(text) => print!("{text}"),
         None => print!(
             "{}",
-            output::inventory_tables_with(&inventory, args.output.wide())
+            gpuops_inventory::render::tables_with(&inventory, args.output.wide())
         ),
     }
     Ok(ExitCode::SUCCESS)

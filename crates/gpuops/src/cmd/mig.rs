@@ -179,12 +179,10 @@ fn read_config(args: &ConfigArgs) -> Result<MigPartedConfig> {
 }
 
 fn checkpoint_path(arg: &CheckpointArg, opened: &gpu_source::Opened) -> PathBuf {
-    arg.checkpoint
-        .clone()
-        .unwrap_or_else(|| match &opened.simulation {
-            Some(sim) => sim.state_dir.join("mig-checkpoint.json"),
-            None => PathBuf::from("/var/lib/gpuops/mig-checkpoint.json"),
-        })
+    exec::checkpoint_path(
+        arg.checkpoint.as_deref(),
+        opened.simulation.as_ref().map(|s| s.state_dir.as_path()),
+    )
 }
 
 /// Test-only knobs for interrupted applies (cargo feature `test-hooks`; not in the shipped binary).
@@ -380,16 +378,7 @@ fn validate(args: &ConfigArgs, only: Option<&str>, gpu: Option<&str>) -> Result<
         bail!("{} does not support MIG", m.key);
     }
     let tally = gpuops_mig::validate::check(&cfg, only, forced)?;
-    for line in &tally.lines {
-        println!("{line}");
-    }
-    println!(
-        "{} entries: {} ok, {} skipped (device-filter), {} failed",
-        tally.ok + tally.skipped + tally.failed,
-        tally.ok,
-        tally.skipped,
-        tally.failed
-    );
+    print!("{}", tally.text());
     Ok(if tally.failed > 0 {
         ExitCode::FAILURE
     } else {
@@ -418,20 +407,11 @@ fn plan(demand: &str, fleet: Option<&str>, source: &GpuArgs, format: Format) -> 
     };
     let plan = workload::plan_fleet(&demand, &offers)?;
     match format {
-        Format::Table | Format::Wide => {
-            println!("{}", plan.summary());
-            println!("mig-parted config:\n{}", plan.mig_parted_yaml());
-            println!("node labels (nvidia.com/mig.config):");
-            for (name, n) in plan.node_labels() {
-                println!("  {n} GPU(s): nvidia.com/mig.config={name}");
-            }
-        }
+        Format::Table | Format::Wide => print!("{}", plan.text()),
         Format::Yaml => print!("{}", plan.mig_parted_yaml()),
         Format::Json => {
             let v: serde_json::Value = serde_saphyr::from_str(&plan.mig_parted_yaml())?;
-            if let Some(text) = output::structured(&v, Format::Json)? {
-                print!("{text}");
-            }
+            print!("{}", output::json(&v)?);
         }
     }
     Ok(if plan.unmet.is_empty() {

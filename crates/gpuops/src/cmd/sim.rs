@@ -1,11 +1,10 @@
 //! `gpuops sim`: create a simulated GPU node and inject faults and load into it.
 
 use crate::gpu_source::now_ms;
-use crate::output::table;
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use gpuops_sim::control::LoadChange;
-use gpuops_sim::{BUILTIN_FLEETS, Fleet, SimError, SimProcess, SimState, Store};
+use gpuops_sim::{Fleet, SimError, SimProcess, SimState, Store};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -139,6 +138,15 @@ enum Action {
         #[arg(long, conflicts_with = "pid")]
         clear: bool,
     },
+    /// Hang the driver: every NVML call (of the agent, `gpuops mig`, anything loading the simulated
+    /// library) blocks until `--clear`, as when the driver is stuck in the kernel.
+    HangDriver {
+        #[command(flatten)]
+        state: StateArg,
+        /// Let the blocked calls return and new ones answer again.
+        #[arg(long)]
+        clear: bool,
+    },
     /// Set row-remapping counters (DCGM_FI_DEV_*_REMAPPED_ROWS, ROW_REMAP_FAILURE).
     Remap {
         #[command(flatten)]
@@ -196,16 +204,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
         }
         Action::Fleets => {
-            let mut t = table(&["FLEET", "GPUS"]);
-            for (name, _) in BUILTIN_FLEETS {
-                let s = SimState::from_fleet(&Fleet::resolve(name)?, 0)?;
-                t.add_row(vec![name.to_string(), s.summary()]);
-            }
-            println!("{t}\n\n{}", gpuops_sim::fleet::FORMAT_HELP);
+            print!("{}", gpuops_sim::render::fleets()?);
         }
         Action::Show { state } => {
             let s = Store::new(&state.state).load()?;
-            print!("{}", show(&s));
+            print!("{}", gpuops_sim::render::show(&s));
         }
         Action::Xid {
             state,
@@ -289,6 +292,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 println!("process {pid} started on GPU {gpu} using {memory} MiB");
             }
         }
+        Action::HangDriver { state, clear } => {
+            change(&state, |s| {
+                s.set_driver_hung(!clear);
+                Ok(())
+            })?;
+            println!(
+                "{}",
+                if clear {
+                    "driver answers again"
+                } else {
+                    "driver hung: NVML calls block until `gpuops sim hang-driver --clear`"
+                }
+            );
+        }
         Action::Remap {
             state,
             gpu,
@@ -304,68 +321,4 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn show(s: &SimState) -> String {
-    let mut t = table(&[
-        "GPU",
-        "MODEL",
-        "UUID",
-        "STATE",
-        "MIG",
-        "INSTANCES",
-        "UTIL",
-        "MEM USED",
-        "POWER",
-        "PROCS",
-    ]);
-    for g in &s.gpus {
-        let instances: Vec<String> = g
-            .gpu_instances
-            .iter()
-            .map(|gi| {
-                format!(
-                    "gi{}@{}+{}({} ci)",
-                    gi.id,
-                    gi.start,
-                    gi.size,
-                    gi.compute_instances.len()
-                )
-            })
-            .collect();
-        t.add_row(vec![
-            g.index.to_string(),
-            g.model.clone(),
-            g.uuid.clone(),
-            if g.lost { "LOST" } else { "ok" }.to_string(),
-            if g.mig_current { "on" } else { "off" }.to_string(),
-            instances.join(" "),
-            format!("{}%", g.load.gpu_util_pct),
-            format!("{} MiB", g.memory_used_mib()),
-            format!("{} W", g.load.power_mw / 1000),
-            g.processes.len().to_string(),
-        ]);
-    }
-    format!(
-        "node {}  driver {}  events queued {}\n{t}\n",
-        s.hostname,
-        s.driver_version,
-        s.events.len()
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn summaries_group_models() {
-        let s = SimState::from_fleet(&Fleet::resolve("dgx-h100").unwrap(), 0).unwrap();
-        assert_eq!(s.summary(), "8x H100-SXM5-80GB");
-        let text = show(&s);
-        assert!(
-            text.contains("events queued 0") && text.contains("H100-SXM5-80GB"),
-            "{text}"
-        );
-    }
 }

@@ -4,9 +4,8 @@
 
 use crate::output::{self, Format};
 use anyhow::{Context, Result, anyhow};
-use gpuops_packing::{PolicyKind, Progress, SimConfig, Simulation, report};
+use gpuops_packing::{PolicyKind, Progress, SimConfig, report};
 use std::collections::HashSet;
-use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -126,21 +125,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let show_progress = args.progress || std::io::stderr().is_terminal();
     let runs_total = config.policies.len() * config.seeds.len();
     if show_progress {
-        eprintln!(
-            "simulating {} nodes, {} trace pods, load {:.0}%: {} polic{} x {} seed{} = {runs_total} run{}",
-            nodes.len(),
-            pods.len(),
-            config.load * 100.0,
-            config.policies.len(),
-            if config.policies.len() == 1 {
-                "y"
-            } else {
-                "ies"
-            },
-            config.seeds.len(),
-            if config.seeds.len() == 1 { "" } else { "s" },
-            if runs_total == 1 { "" } else { "s" },
-        );
+        eprintln!("{}", report::start_line(&config, nodes.len(), pods.len()));
     }
     let started = Instant::now();
     let mut finished: HashSet<(PolicyKind, u64)> = HashSet::new();
@@ -149,18 +134,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             return;
         }
         if show_progress {
-            let done = finished.len();
             let elapsed = started.elapsed().as_secs_f64();
-            let eta = elapsed / done as f64 * (p.runs_total.saturating_sub(done)) as f64;
-            eprintln!(
-                "[{done}/{}] {} seed {} done ({} pods)  elapsed {}  ETA {}",
-                p.runs_total,
-                p.policy.name(),
-                p.seed,
-                p.pods_total,
-                secs(elapsed),
-                secs(eta)
-            );
+            eprintln!("{}", report::run_done_line(p, finished.len(), elapsed));
         }
     };
     let sim = gpuops_packing::simulate(&nodes, &pods, &config, &mut on_progress)
@@ -168,7 +143,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if show_progress {
         eprintln!(
             "{runs_total} runs in {}",
-            secs(started.elapsed().as_secs_f64())
+            report::secs(started.elapsed().as_secs_f64())
         );
     }
     write_file(args.csv.as_deref(), "--csv", &report::csv(&sim))?;
@@ -180,7 +155,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     write_file(args.plot.as_deref(), "--plot", &report::svg(&sim))?;
     let text = match output::structured(&sim, args.output)? {
         Some(s) => s,
-        None => render_table(&sim, nodes.len(), pods.len()),
+        None => report::text(&sim, nodes.len(), pods.len()),
     };
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
@@ -205,49 +180,4 @@ fn write_file(path: Option<&Path>, flag: &str, text: &str) -> Result<()> {
         return Ok(());
     };
     std::fs::write(path, text).with_context(|| format!("{flag}: cannot write {}", path.display()))
-}
-
-fn secs(s: f64) -> String {
-    if s < 60.0 {
-        format!("{s:.1}s")
-    } else {
-        format!("{}m{:02}s", (s / 60.0).floor(), (s % 60.0).floor())
-    }
-}
-
-/// The summary table, then the mean allocation curve at every 10% of arrived workload.
-pub fn render_table(sim: &Simulation, nodes: usize, pods: usize) -> String {
-    let mut s = format!(
-        "{nodes} nodes, {} GPUs, {pods} trace pods\n\n",
-        sim.gpu_capacity_milli / 1000
-    );
-    s.push_str(&report::table(sim));
-    let max = (sim.load * 100.0).round() as usize;
-    let steps: Vec<usize> = (10..=max)
-        .step_by(10)
-        .chain((!max.is_multiple_of(10)).then_some(max))
-        .collect();
-    let _ = writeln!(
-        s,
-        "\nGPU allocation % by arrived workload (% of GPU capacity, mean over seeds):"
-    );
-    let _ = write!(s, "{:<14}", "policy");
-    for k in &steps {
-        let _ = write!(s, " {:>6}", format!("{k}%"));
-    }
-    s.push('\n');
-    for x in &sim.summaries {
-        let _ = write!(s, "{:<14}", x.policy.name());
-        for &k in &steps {
-            let v = x
-                .mean_curve
-                .get(k)
-                .or(x.mean_curve.last())
-                .copied()
-                .unwrap_or(0.0);
-            let _ = write!(s, " {v:>6.1}");
-        }
-        s.push('\n');
-    }
-    s
 }

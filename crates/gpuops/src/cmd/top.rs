@@ -4,7 +4,7 @@
 use super::flags::{KubeArgs, MetricsArgs, MetricsFrom};
 use crate::output::{self, Format};
 use anyhow::{Context, Result, bail};
-use gpuops_doctor::top;
+use gpuops_doctor::{render, top};
 use std::process::ExitCode;
 
 /// Show GPU allocation and live use (utilization, memory) per node, GPU/MIG instance or pod.
@@ -46,18 +46,6 @@ enum What {
     Pods,
 }
 
-fn opt(v: Option<f64>, unit: &str) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("{v:.0}{unit}"))
-}
-
-fn mem(used: Option<f64>, total: Option<f64>) -> String {
-    match (used, total) {
-        (Some(u), Some(t)) if t > 0.0 => format!("{u:.0}/{t:.0} MiB ({:.0}%)", 100.0 * u / t),
-        (Some(u), _) => format!("{u:.0} MiB"),
-        _ => "-".into(),
-    }
-}
-
 pub fn run(args: Args) -> Result<ExitCode> {
     if !args.metrics.any() {
         bail!(
@@ -88,63 +76,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let text = match args.what {
         What::Nodes => {
             let rows = top::nodes(samples);
-            output::structured(&rows, args.output)?.unwrap_or_else(|| {
-                let mut t = output::table(&[
-                    "NODE",
-                    "MODEL",
-                    "GPUS",
-                    "HEALTHY",
-                    "MIG",
-                    "ALLOCATED",
-                    "UTIL",
-                    "MEMORY",
-                    "PODS",
-                ]);
-                for r in &rows {
-                    t.add_row(vec![
-                        r.node.clone(),
-                        r.model.clone(),
-                        r.gpus.to_string(),
-                        opt(r.gpus_healthy, ""),
-                        r.mig_instances.to_string(),
-                        format!("{}/{}", r.devices_allocated, r.devices),
-                        opt(r.utilization_percent, "%"),
-                        mem(Some(r.memory_used_mib), Some(r.memory_total_mib)),
-                        r.pods.to_string(),
-                    ]);
-                }
-                format!("{t}\n")
-            })
+            output::structured(&rows, args.output)?.unwrap_or_else(|| render::nodes_table(&rows))
         }
         What::Gpus => {
             let rows = top::devices(samples);
-            output::structured(&rows, args.output)?.unwrap_or_else(|| {
-                let mut t = output::table(&[
-                    "NODE",
-                    "DEVICE",
-                    "UUID",
-                    "ALLOCATED",
-                    "HEALTHY",
-                    "UTIL",
-                    "MEMORY",
-                    "PODS",
-                ]);
-                let yn =
-                    |b: Option<bool>| b.map_or("-", |b| if b { "yes" } else { "no" }).to_string();
-                for r in &rows {
-                    t.add_row(vec![
-                        r.node.clone(),
-                        r.label(),
-                        r.uuid.clone(),
-                        yn(r.allocated),
-                        yn(r.healthy),
-                        opt(r.utilization_percent, "%"),
-                        mem(r.memory_used_mib, r.memory_total_mib),
-                        r.pods.join(", "),
-                    ]);
-                }
-                format!("{t}\n")
-            })
+            output::structured(&rows, args.output)?.unwrap_or_else(|| render::devices_table(&rows))
         }
         What::Pods => {
             let mut rows = top::pods(samples);
@@ -152,31 +88,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 rows.retain(|r| &r.namespace == ns);
             }
             let _ = args.all_namespaces;
-            output::structured(&rows, args.output)?.unwrap_or_else(|| {
-                let mut t = output::table(&[
-                    "NAMESPACE",
-                    "POD",
-                    "CONTAINER",
-                    "NODE",
-                    "DEVICES",
-                    "UTIL",
-                    "MEMORY",
-                    "SHARING WITH",
-                ]);
-                for r in &rows {
-                    t.add_row(vec![
-                        r.namespace.clone(),
-                        r.pod.clone(),
-                        r.container.clone(),
-                        r.node.clone(),
-                        r.devices.join(", "),
-                        opt(r.utilization_percent, "%"),
-                        mem(r.memory_used_mib, None),
-                        r.sharing_with.join(", "),
-                    ]);
-                }
-                format!("{t}\n")
-            })
+            output::structured(&rows, args.output)?.unwrap_or_else(|| render::pods_table(&rows))
         }
     };
     print!("{text}");

@@ -1,6 +1,6 @@
 //! Parsing a workload mix: the demand ("12x 10GiB, 3x 3g.40gb") and the fleet ("8x H100-SXM5-80GB").
 
-use super::WorkloadError;
+use crate::MigError;
 use gpuops_catalog::{GpuModel, ProfileName};
 use std::fmt;
 
@@ -204,10 +204,10 @@ fn parse_demand_item(item: &str) -> Result<DemandItem, String> {
 /// Parses demand such as `12x 10GiB, 3x 40GiB`, `7x 1g.10gb, 2x 3g.40gb`, `12 x 10GB`,
 /// `2x 1g.10gb + 1x 3g.40gb` or mixes. Items are separated by `,`, `;`, newlines or a stand-alone
 /// `+`; an item without a count means one. Units: GiB/GB/MiB/MB/TiB/TB (case-insensitive).
-pub fn parse_demand(text: &str) -> Result<Demand, WorkloadError> {
+pub fn parse_demand(text: &str) -> Result<Demand, MigError> {
     let mut items = Vec::new();
     for (index, item) in split_list(text).into_iter().enumerate() {
-        let parsed = parse_demand_item(&item).map_err(|reason| WorkloadError::BadDemandItem {
+        let parsed = parse_demand_item(&item).map_err(|reason| MigError::BadDemandItem {
             index,
             item: item.clone(),
             reason,
@@ -215,21 +215,21 @@ pub fn parse_demand(text: &str) -> Result<Demand, WorkloadError> {
         items.push(parsed);
     }
     if items.is_empty() {
-        return Err(WorkloadError::EmptyDemand);
+        return Err(MigError::EmptyDemand);
     }
     Ok(Demand { items })
 }
 
 /// Parses a fleet such as `H100-SXM5-80GB` (as many as needed) or
 /// `8x H100-SXM5-80GB, 4x A100-SXM4-40GB`. Models are catalog keys or NVML names.
-pub fn parse_fleet(text: &str) -> Result<Vec<FleetOffer>, WorkloadError> {
+pub fn parse_fleet(text: &str) -> Result<Vec<FleetOffer>, MigError> {
     let mut out = Vec::new();
     for item in split_list(text) {
-        let (count, name) = split_count(&item).map_err(|reason| WorkloadError::BadFleetItem {
+        let (count, name) = split_count(&item).map_err(|reason| MigError::BadFleetItem {
             item: item.clone(),
             reason,
         })?;
-        let model = gpuops_catalog::lookup(name).map_err(|_| WorkloadError::UnknownModel {
+        let model = gpuops_catalog::lookup(name).map_err(|_| MigError::UnknownModel {
             name: name.to_string(),
             known: gpuops_catalog::known_keys(),
         })?;
@@ -239,7 +239,7 @@ pub fn parse_fleet(text: &str) -> Result<Vec<FleetOffer>, WorkloadError> {
         });
     }
     if out.is_empty() {
-        return Err(WorkloadError::EmptyFleet);
+        return Err(MigError::EmptyFleet);
     }
     Ok(out)
 }

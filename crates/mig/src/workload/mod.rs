@@ -44,73 +44,19 @@ mod tests;
 pub use demand::{Demand, DemandItem, FleetOffer, parse_demand, parse_fleet};
 pub use plan::{FleetPlan, GpuAssignment, PlanConfig, config_name};
 
+use crate::MigError;
 use crate::layout::{Instance, Layout};
 use patterns::place;
 use problem::{Gpu, GroupKey, Problem, ceil_eps};
 use std::collections::HashMap;
 
-/// Errors from parsing demand and fleets, and from planning.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WorkloadError {
-    #[error("empty demand: give items such as \"12x 10GiB, 3x 3g.40gb\"")]
-    EmptyDemand,
-    #[error("demand item {index} ({item:?}): {reason}")]
-    BadDemandItem {
-        index: usize,
-        item: String,
-        reason: String,
-    },
-    #[error("empty fleet: give GPU models such as \"8x H100-SXM5-80GB, A100-SXM4-80GB\"")]
-    EmptyFleet,
-    #[error("fleet item {item:?}: {reason}")]
-    BadFleetItem { item: String, reason: String },
-    #[error("unknown GPU model {name:?}; known models: {}", known.join(", "))]
-    UnknownModel {
-        name: String,
-        known: Vec<&'static str>,
-    },
-    #[error(
-        "no MIG-capable GPU model in the fleet ({}); MIG-capable models: {}",
-        models.join(", "),
-        mig_models.join(", ")
-    )]
-    NoMigModel {
-        models: Vec<&'static str>,
-        mig_models: Vec<&'static str>,
-    },
-    #[error(
-        "demand item {index} ({item}): no fleet model offers MIG profile {profile}; offered: {}",
-        offered.join("; ")
-    )]
-    UnknownProfile {
-        index: usize,
-        item: String,
-        profile: String,
-        /// One entry per fleet model: `H100-SXM5-80GB: 1g.10gb, 1g.10gb+me, ...`.
-        offered: Vec<String>,
-    },
-    #[error(
-        "demand item {index} ({item}): {mib} MiB is more than the largest MIG profile of any fleet model ({})",
-        largest.join(", ")
-    )]
-    MemoryTooLarge {
-        index: usize,
-        item: String,
-        mib: u64,
-        /// One entry per fleet model: `H100-SXM5-80GB: 7g.80gb (81152 MiB)`.
-        largest: Vec<String>,
-    },
-    #[error("internal planner error: {0}")]
-    Internal(String),
-}
-
 /// Plans the fewest GPUs from `fleet` whose MIG layouts serve `demand`; see the module docs.
-pub fn plan_fleet(demand: &Demand, fleet: &[FleetOffer]) -> Result<FleetPlan, WorkloadError> {
+pub fn plan_fleet(demand: &Demand, fleet: &[FleetOffer]) -> Result<FleetPlan, MigError> {
     if demand.items.is_empty() {
-        return Err(WorkloadError::EmptyDemand);
+        return Err(MigError::EmptyDemand);
     }
     if fleet.is_empty() {
-        return Err(WorkloadError::EmptyFleet);
+        return Err(MigError::EmptyFleet);
     }
     let mut p = Problem::build(demand, fleet)?;
 
@@ -240,7 +186,7 @@ impl Problem {
         gpus: Vec<Gpu>,
         lower: u64,
         reason: String,
-    ) -> Result<FleetPlan, WorkloadError> {
+    ) -> Result<FleetPlan, MigError> {
         // Group identical (model, kind counts), largest group first.
         let mut groups: Vec<(GroupKey, Vec<Gpu>)> = Vec::new();
         let mut index: HashMap<GroupKey, usize> = HashMap::new();
@@ -265,7 +211,7 @@ impl Problem {
         for ((ci, counts), list) in groups {
             let ctx = &self.ctxs[ci];
             let placed = place(ctx.geo, &ctx.kinds, &counts).ok_or_else(|| {
-                WorkloadError::Internal(format!(
+                MigError::Internal(format!(
                     "planned layout {counts:?} does not fit a {}",
                     ctx.model.key
                 ))

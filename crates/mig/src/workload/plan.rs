@@ -151,6 +151,19 @@ impl FleetPlan {
             .collect()
     }
 
+    /// What `gpuops mig plan` prints: the summary, the mig-parted config and the node labels.
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "{}\nmig-parted config:\n{}\nnode labels (nvidia.com/mig.config):\n",
+            self.summary(),
+            self.mig_parted_yaml()
+        );
+        for (name, n) in self.node_labels() {
+            out.push_str(&format!("  {n} GPU(s): nvidia.com/mig.config={name}\n"));
+        }
+        out
+    }
+
     /// A human-readable table: GPUs per model and layout, the lower bound, slack and unmet demand.
     pub fn summary(&self) -> String {
         let configs = self.configs();

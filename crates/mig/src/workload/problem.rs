@@ -1,9 +1,9 @@
 //! Setting up the problem: demand items grouped into classes, each fleet model's device kinds and
 //! maximal layouts, and the allocation of a layout's devices to the demand.
 
-use super::WorkloadError;
 use super::demand::{Demand, DemandItem, FleetOffer};
 use super::patterns::{Kind, enumerate_patterns};
+use crate::MigError;
 use gpuops_catalog::{GiProfile, GpuModel, MigGeometry, ProfileName};
 
 /// One fleet model's part of the problem.
@@ -73,7 +73,7 @@ pub(super) fn profile_for_memory(model: &GpuModel, mib: u64) -> Option<&'static 
 }
 
 impl Problem {
-    pub(super) fn build(demand: &Demand, fleet: &[FleetOffer]) -> Result<Problem, WorkloadError> {
+    pub(super) fn build(demand: &Demand, fleet: &[FleetOffer]) -> Result<Problem, MigError> {
         // Merge repeated models; `None` (unlimited) wins.
         let mut offers: Vec<(&'static GpuModel, Option<u32>)> = Vec::new();
         for o in fleet {
@@ -91,7 +91,7 @@ impl Problem {
             .filter_map(|&(m, a)| m.mig.as_ref().map(|g| (m, g, a)))
             .collect();
         if mig.is_empty() {
-            return Err(WorkloadError::NoMigModel {
+            return Err(MigError::NoMigModel {
                 models: offers.iter().map(|o| o.0.key).collect(),
                 mig_models: gpuops_catalog::models()
                     .iter()
@@ -110,7 +110,7 @@ impl Problem {
                         profile
                             .parse()
                             .map_err(|e: gpuops_catalog::ProfileNameError| {
-                                WorkloadError::BadDemandItem {
+                                MigError::BadDemandItem {
                                     index,
                                     item: item.to_string(),
                                     reason: format!("invalid MIG profile name: {}", e.kind),
@@ -129,7 +129,7 @@ impl Problem {
             };
             if sig.iter().all(Option::is_none) {
                 return Err(match item {
-                    DemandItem::Profile { profile, .. } => WorkloadError::UnknownProfile {
+                    DemandItem::Profile { profile, .. } => MigError::UnknownProfile {
                         index,
                         item: item.to_string(),
                         profile: profile.clone(),
@@ -142,7 +142,7 @@ impl Problem {
                             })
                             .collect(),
                     },
-                    DemandItem::Memory { mib, .. } => WorkloadError::MemoryTooLarge {
+                    DemandItem::Memory { mib, .. } => MigError::MemoryTooLarge {
                         index,
                         item: item.to_string(),
                         mib: *mib,
@@ -189,7 +189,7 @@ impl Problem {
             }
         }
         if classes.is_empty() {
-            return Err(WorkloadError::EmptyDemand);
+            return Err(MigError::EmptyDemand);
         }
 
         // Per model: kinds, their classes, and the maximal layouts.
@@ -260,7 +260,7 @@ impl Problem {
                 max_per = max_per.max(ctx.max_per_gpu[k]);
             }
             if max_per == 0 || !mem_frac.is_finite() || !comp_frac.is_finite() {
-                return Err(WorkloadError::Internal(format!(
+                return Err(MigError::Internal(format!(
                     "demand item {} fits no layout on any fleet model",
                     class.items.first().copied().unwrap_or(0)
                 )));

@@ -150,7 +150,7 @@ fn parses_demand() {
 
 #[test]
 fn rejects_bad_demand() {
-    assert_eq!(parse_demand("  , "), Err(WorkloadError::EmptyDemand));
+    assert_eq!(parse_demand("  , "), Err(MigError::EmptyDemand));
     let cases = [
         ("12x 10", "no unit"),
         ("3x 10g", "ambiguous"),
@@ -166,7 +166,7 @@ fn rejects_bad_demand() {
         let err = parse_demand(&format!("1x 1g.10gb, {text}")).unwrap_err();
         let msg = err.to_string();
         assert!(
-            matches!(err, WorkloadError::BadDemandItem { index: 1, .. }),
+            matches!(err, MigError::BadDemandItem { index: 1, .. }),
             "{text}: {msg}"
         );
         assert!(msg.contains(want), "{text}: {msg}");
@@ -185,7 +185,7 @@ fn parses_fleet() {
     assert_eq!(f[1].model.key, "A100-SXM4-40GB");
     assert_eq!(f[1].available, Some(4));
     match parse_fleet("2x H900") {
-        Err(WorkloadError::UnknownModel { name, known }) => {
+        Err(MigError::UnknownModel { name, known }) => {
             assert_eq!(name, "H900");
             assert!(known.contains(&"H100-SXM5-80GB"));
         }
@@ -197,7 +197,7 @@ fn parses_fleet() {
             .to_string()
             .contains("known models")
     );
-    assert_eq!(parse_fleet(""), Err(WorkloadError::EmptyFleet));
+    assert_eq!(parse_fleet(""), Err(MigError::EmptyFleet));
 }
 
 #[test]
@@ -205,17 +205,17 @@ fn plan_errors() {
     let f = parse_fleet("H100-SXM5-80GB").unwrap();
     assert_eq!(
         plan_fleet(&Demand::default(), &f),
-        Err(WorkloadError::EmptyDemand)
+        Err(MigError::EmptyDemand)
     );
     let err = plan_fleet(&parse_demand("1x 1g.10gb, 2x 3g.20gb").unwrap(), &f).unwrap_err();
     assert!(
-        matches!(&err, WorkloadError::UnknownProfile { index: 1, profile, .. } if profile == "3g.20gb"),
+        matches!(&err, MigError::UnknownProfile { index: 1, profile, .. } if profile == "3g.20gb"),
         "{err}"
     );
     assert!(err.to_string().contains("3g.40gb"), "lists offered: {err}");
     let err = plan_fleet(&parse_demand("1x 100GiB").unwrap(), &f).unwrap_err();
     assert!(
-        matches!(err, WorkloadError::MemoryTooLarge { mib: 102400, .. }),
+        matches!(err, MigError::MemoryTooLarge { mib: 102400, .. }),
         "{err}"
     );
     assert!(err.to_string().contains("7g.80gb"), "{err}");
@@ -224,10 +224,10 @@ fn plan_errors() {
         &parse_fleet("L4").unwrap(),
     )
     .unwrap_err();
-    assert!(matches!(err, WorkloadError::NoMigModel { .. }), "{err}");
+    assert!(matches!(err, MigError::NoMigModel { .. }), "{err}");
     assert_eq!(
         plan_fleet(&parse_demand("1x 10GiB").unwrap(), &[]),
-        Err(WorkloadError::EmptyFleet)
+        Err(MigError::EmptyFleet)
     );
 }
 

@@ -1,97 +1,8 @@
-//! Rendering for people (tables) and programs (`-o json|yaml`).
+//! The inventory as the tables `gpuops inventory` and `gpuops agent` print.
 
-use anyhow::Result;
-use comfy_table::{Table, presets};
-use gpuops_inventory::{Health, Inventory, PcieLevel};
-use serde::Serialize;
-
-/// Output format of commands that print data, as kubectl spells them (`-o wide`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    Table,
-    /// The table with the columns that do not fit a narrow terminal.
-    Wide,
-    Json,
-    Yaml,
-}
-
-impl Format {
-    /// Whether a table should carry its extra columns.
-    pub fn wide(self) -> bool {
-        self == Format::Wide
-    }
-}
-
-/// Serialises for `-o json|yaml`; `None` for tables (plain or wide), which each command renders
-/// itself.
-pub fn structured<T: Serialize>(value: &T, format: Format) -> Result<Option<String>> {
-    Ok(match format {
-        Format::Json => Some(serde_json::to_string_pretty(value)? + "\n"),
-        Format::Yaml => Some(serde_saphyr::to_string(value)?),
-        Format::Table | Format::Wide => None,
-    })
-}
-
-/// A table whose `wide` columns appear only with `-o wide`, like kubectl's: rows are given with
-/// every column and the narrow view drops the wide ones.
-pub struct Columns {
-    header: Vec<(&'static str, bool)>,
-    rows: Vec<Vec<String>>,
-    wide: bool,
-}
-
-impl Columns {
-    /// `header` pairs each column name with whether it is a wide-only column.
-    pub fn new(header: &[(&'static str, bool)], wide: bool) -> Columns {
-        Columns {
-            header: header.to_vec(),
-            rows: Vec::new(),
-            wide,
-        }
-    }
-
-    /// A row with a cell for every column, wide ones included.
-    pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
-    }
-
-    fn keep(&self, i: usize) -> bool {
-        self.wide || self.header.get(i).is_some_and(|(_, wide)| !wide)
-    }
-
-    /// The rendered table.
-    pub fn render(&self) -> String {
-        let names: Vec<&str> = self
-            .header
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| self.keep(*i))
-            .map(|(_, (n, _))| *n)
-            .collect();
-        let mut t = table(&names);
-        for r in &self.rows {
-            t.add_row(
-                r.iter()
-                    .enumerate()
-                    .filter(|(i, _)| self.keep(*i))
-                    .map(|(_, c)| c.clone())
-                    .collect::<Vec<_>>(),
-            );
-        }
-        t.to_string()
-    }
-}
-
-/// A borderless, kubectl-style table.
-pub fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(presets::NOTHING).set_header(header.to_vec());
-    t
-}
-
-fn opt<T: std::fmt::Display>(v: Option<T>, unit: &str) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("{v}{unit}"))
-}
+use crate::{Health, Inventory, PcieLevel};
+use gpuops_render::comfy_table::{Table, presets};
+use gpuops_render::{Columns, opt, table};
 
 fn health(h: &Health) -> String {
     match h {
@@ -102,13 +13,13 @@ fn health(h: &Health) -> String {
 }
 
 /// The inventory as tables: GPUs, MIG devices, topology.
-pub fn inventory_tables(inv: &Inventory) -> String {
-    inventory_tables_with(inv, false)
+pub fn tables(inv: &Inventory) -> String {
+    tables_with(inv, false)
 }
 
-/// [`inventory_tables`]; `wide` adds model, compute capability, SMs, serial and PCI ids to the
+/// [`tables`]; `wide` adds model, compute capability, SMs, serial and PCI ids to the
 /// GPU table and the placement start to the MIG table (`-o wide`).
-pub fn inventory_tables_with(inv: &Inventory, wide: bool) -> String {
+pub fn tables_with(inv: &Inventory, wide: bool) -> String {
     let mut out = format!(
         "Driver {}  CUDA {}  NVML {}  GPUs {}\n\n",
         inv.driver_version,
@@ -268,7 +179,7 @@ fn topology_matrix(inv: &Inventory) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuops_inventory::{Gpu, GpuLink};
+    use crate::{Gpu, GpuLink};
 
     fn inv() -> Inventory {
         let gpu = |i: u32| Gpu {
@@ -295,7 +206,7 @@ mod tests {
 
     #[test]
     fn tables_show_health_topology_and_warnings() {
-        let text = inventory_tables(&inv());
+        let text = tables(&inv());
         assert!(text.contains("Driver 580.105.08"), "{text}");
         assert!(text.contains("LOST (fell off the bus)"), "{text}");
         assert!(text.contains("PIX"), "{text}");
@@ -312,8 +223,8 @@ mod tests {
         i.gpus[0].model = Some("L4".into());
         i.gpus[0].pci_device_id = 0x27B8_10DE;
         i.gpus[0].compute_capability = Some((8, 9));
-        let narrow = inventory_tables_with(&i, false);
-        let wide = inventory_tables_with(&i, true);
+        let narrow = tables_with(&i, false);
+        let wide = tables_with(&i, true);
         for column in ["MODEL", "PCI ID", "SERIAL", "CC", "SMS"] {
             assert!(!narrow.contains(column), "{column} in narrow:\n{narrow}");
             assert!(wide.contains(column), "{column} not in wide:\n{wide}");
@@ -322,12 +233,13 @@ mod tests {
             wide.contains("0x27B810DE") && wide.contains("8.9"),
             "{wide}"
         );
-        assert_eq!(narrow, inventory_tables(&i));
-        assert!(structured(&i, Format::Wide).unwrap().is_none());
+        assert_eq!(narrow, tables(&i));
     }
 
     #[test]
     fn structured_output_round_trips() {
+        use gpuops_render::{Format, structured};
+        assert!(structured(&inv(), Format::Wide).unwrap().is_none());
         let json = structured(&inv(), Format::Json).unwrap().unwrap();
         let back: Inventory = serde_json::from_str(&json).unwrap();
         assert_eq!(back, inv());

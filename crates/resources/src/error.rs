@@ -1,0 +1,103 @@
+//! The crate's one error type: a config, a request or a node's GPUs that cannot be turned into
+//! what the kubelet is told. Each message names the problem and where it is.
+
+use std::collections::BTreeMap;
+
+/// Why a config, a node's GPUs, an allocation request or a CDI spec was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourcesError {
+    /// A problem with a config file, an env var or a flag: where (file:line:column when known)
+    /// and what.
+    #[error("{}: {problem}", place(.origin, *.line, *.column))]
+    Config {
+        /// File name, `env`, `flags` or `config`.
+        origin: String,
+        line: Option<u64>,
+        column: Option<u64>,
+        problem: String,
+    },
+    // Why a node's GPUs cannot be turned into resources under a config.
+    #[error(
+        "MIG strategy single needs every GPU in the same MIG mode: MIG is enabled on GPU {} and disabled on GPU {}; use migStrategy mixed or change the MIG mode",
+        list(.enabled), list(.disabled)
+    )]
+    MixedMigModes {
+        enabled: Vec<u32>,
+        disabled: Vec<u32>,
+    },
+    #[error(
+        "MIG strategy single needs one MIG profile on the node, found {}; use migStrategy mixed or repartition",
+        .profiles.iter().map(|(p, g)| format!("{p} (GPU {})", list(g))).collect::<Vec<_>>().join(", ")
+    )]
+    MultipleMigProfiles {
+        profiles: BTreeMap<String, Vec<u32>>,
+    },
+    #[error(
+        "MIG strategy single: MIG is enabled on GPU {} but it has no MIG devices; create instances or disable MIG",
+        list(.gpus)
+    )]
+    NoMigDevices { gpus: Vec<u32> },
+    #[error("device {device} (GPU {gpu}) is selected by two sharing entries: {first} and {second}")]
+    DeviceSharedTwice {
+        device: String,
+        gpu: u32,
+        first: String,
+        second: String,
+    },
+    #[error(
+        "resource {name} would mix devices with different sharing ({a} and {b}); give the shared devices their own name with rename or renameByDefault"
+    )]
+    ConflictingSharing { name: String, a: String, b: String },
+    #[error("invalid resource name: {0}")]
+    InvalidName(String),
+    #[error("device ID {id} (GPU {gpu}) is longer than {max} characters")]
+    IdTooLong { id: String, gpu: u32, max: usize },
+    // Allocate requests the kubelet sent.
+    #[error("unknown device ID {id} for resource {resource}")]
+    AllocateUnknownDevice { resource: String, id: String },
+    #[error(
+        "request for '{resource}: {count}' too large: maximum request size for shared resources is 1"
+    )]
+    SharedRequestTooLarge { resource: String, count: usize },
+    #[error("GPU {gpu} has no known /dev/nvidiaN minor number; cannot pass device specs")]
+    NoMinorNumber { gpu: u32 },
+    #[error("empty request for resource {resource}")]
+    EmptyRequest { resource: String },
+    // GetPreferredAllocation requests.
+    #[error("resource {resource}: asked for {size} devices but only {available} are available")]
+    TooFew {
+        resource: String,
+        size: usize,
+        available: usize,
+    },
+    #[error("resource {resource}: {required} required devices exceed the request size {size}")]
+    TooManyRequired {
+        resource: String,
+        required: usize,
+        size: usize,
+    },
+    #[error("resource {resource}: unknown device ID {id}")]
+    PreferredUnknownDevice { resource: String, id: String },
+    #[error("resource {resource}: required device {id} is not among the available ones")]
+    RequiredNotAvailable { resource: String, id: String },
+    // Why a CDI spec cannot be built.
+    #[error(
+        "no GPUs in the inventory: a CDI spec needs at least one device (is the driver loaded? with --simulate, is the fleet empty?)"
+    )]
+    NoDevices,
+    #[error("CDI kind {kind:?} is not vendor/class (e.g. {example} or nvidia.com/gpu)")]
+    BadKind { kind: String, example: &'static str },
+}
+
+/// `file:line:column`, as far as known.
+fn place(origin: &str, line: Option<u64>, column: Option<u64>) -> String {
+    match (line, column) {
+        (Some(l), Some(c)) => format!("{origin}:{l}:{c}"),
+        (Some(l), None) => format!("{origin}:{l}"),
+        _ => origin.to_string(),
+    }
+}
+
+fn list(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}
