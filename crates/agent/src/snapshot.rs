@@ -4,7 +4,7 @@
 //! call that hangs delays nothing else: XIDs still turn devices unhealthy, shutdown still stops.
 
 use crate::changes::changes;
-use crate::state::{NodeState, now_ms};
+use crate::state::{NodeState, monotonic_ms};
 use crate::xid::{Report, describe_event};
 use backon::BackoffBuilder;
 use gpuops_inventory::Inventory;
@@ -110,7 +110,7 @@ pub(crate) async fn run(
     // The snapshot being read, when it began, and whether its lateness was reported.
     let mut in_flight: Option<(Snapshot, Instant, bool)> = None;
     loop {
-        l.live.store(now_ms(), Ordering::Relaxed);
+        l.live.store(monotonic_ms(), Ordering::Relaxed);
         let late_at = in_flight
             .as_ref()
             .map(|(_, started, _)| tokio::time::Instant::from_std(*started + l.timeout));
@@ -180,7 +180,7 @@ pub(crate) async fn run(
                         if let Ok(mut h) = l.healthy.lock() {
                             *h = healthy_indices(&next);
                         }
-                        if state.health.expire(&l.policy, now_ms()) {
+                        if state.health.expire(&l.policy, monotonic_ms()) {
                             tracing::info!("no XID for the quiet period: devices healthy again where the driver agrees");
                         }
                         state.inventory = Arc::new(next);
@@ -201,7 +201,7 @@ pub(crate) async fn run(
                     let text = describe_event(&event, &state.inventory);
                     if let GpuEvent::Xid { gpu, xid, gi_id, ci_id } = event {
                         tracing::warn!(gpu, xid, gi = gi_id, ci = ci_id, "{text}");
-                        state.health.record(&l.policy, gpu, gi_id, ci_id, xid, now_ms());
+                        state.health.record(&l.policy, gpu, gi_id, ci_id, xid, monotonic_ms());
                         state.xids.record(gpu, gi_id, xid);
                         state.collection = None;
                         state_tx.send_replace(Arc::new(state.clone()));
@@ -369,7 +369,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
             let beat = live.load(Ordering::Relaxed);
             if last != 0 && beat == last {
-                widest = widest.max(now_ms().saturating_sub(beat));
+                widest = widest.max(monotonic_ms().saturating_sub(beat));
             }
             last = beat;
         }
