@@ -68,6 +68,8 @@ pub struct Cluster {
     controller_manager: Option<Managed>,
     scheduler: Option<Managed>,
     apiserver: Managed,
+    /// The apiserver's flags, to start it again after an outage.
+    api_args: Vec<String>,
     etcd: Managed,
     bin: PathBuf,
     server: String,
@@ -126,8 +128,7 @@ impl Cluster {
         let etcd = Managed::spawn("etcd", etcd_cmd, &root.join("etcd.log"))?;
 
         let api_port = free_port()?;
-        let mut api_cmd = Command::new(bin.join("kube-apiserver"));
-        api_cmd.args([
+        let mut api_args: Vec<String> = [
             &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             &format!(
                 "--bind-address={}",
@@ -156,8 +157,13 @@ impl Cluster {
             "--authorization-mode=RBAC",
             "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
-        ]);
-        api_cmd.args(&options.apiserver_args);
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        api_args.extend(options.apiserver_args.iter().cloned());
+        let mut api_cmd = Command::new(bin.join("kube-apiserver"));
+        api_cmd.args(&api_args);
         let apiserver =
             Managed::spawn("kube-apiserver", api_cmd, &root.join("kube-apiserver.log"))?;
 
@@ -166,6 +172,7 @@ impl Cluster {
             controller_manager: None,
             scheduler: None,
             apiserver,
+            api_args,
             etcd,
             bin,
             server: format!("https://127.0.0.1:{api_port}"),
@@ -371,6 +378,19 @@ impl Cluster {
     /// Stops the apiserver (to test clients that lose it); `restart_apiserver` brings it back.
     pub fn stop_apiserver(&mut self) {
         self.apiserver.stop();
+    }
+
+    /// Starts the apiserver again after [`Cluster::stop_apiserver`], with the same flags and port,
+    /// and waits until it is ready: the control plane back after an outage.
+    pub fn start_apiserver(&mut self) -> Result<(), BedError> {
+        let mut cmd = Command::new(self.bin.join("kube-apiserver"));
+        cmd.args(&self.api_args);
+        self.apiserver = Managed::spawn(
+            "kube-apiserver",
+            cmd,
+            &self.dir.path().join("kube-apiserver-restarted.log"),
+        )?;
+        self.wait_apiserver()
     }
 
     /// Waits for `/readyz`, failing fast with the log when etcd or the apiserver died.
