@@ -287,7 +287,7 @@ fn main() {
                 let gpu = (n % 8).to_string();
                 // Mostly XIDs NVIDIA's plugin skips (13, 31, 43); now and then a fatal double-bit ECC
                 // on one MIG instance, which its quiet period then heals.
-                let args: Vec<String> = if n % fatal_every == 0 {
+                let args: Vec<String> = if n.is_multiple_of(fatal_every) {
                     [
                         "sim", "xid", "--state", &state_s, "--gpu", "7", "--xid", "48", "--gi", "2",
                     ]
