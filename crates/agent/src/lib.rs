@@ -42,7 +42,7 @@ pub use snapshot::open_first as open_nvml;
 pub use startup::{
     DEFAULT_STARTUP_TAINT, MigWanted, Readiness, StartupTaint, expected_devices, readiness,
 };
-pub use state::{NodeState, Probes, now_ms};
+pub use state::{NodeState, Probes, monotonic_ms, now_ms};
 pub use xid::describe_event;
 
 use gpuops_inventory::Inventory;
@@ -122,7 +122,7 @@ impl Agent {
             first,
             probes: Probes {
                 serve: gpuops_serve::Probes::new(),
-                last_loop_ms: Arc::new(std::sync::atomic::AtomicU64::new(now_ms())),
+                last_loop_ms: Arc::new(std::sync::atomic::AtomicU64::new(monotonic_ms())),
                 // A loop blocked in NVML past its timeout for a few rounds is not alive.
                 stale_after_ms: (config.interval * 3 + config.snapshot_timeout).as_millis() as u64,
                 registered: config

@@ -4,7 +4,7 @@
 //! call that hangs delays nothing else: XIDs still turn devices unhealthy, shutdown still stops.
 
 use crate::changes::changes;
-use crate::state::{NodeState, now_ms};
+use crate::state::{NodeState, monotonic_ms};
 use crate::xid::{Report, describe_event};
 use backon::BackoffBuilder;
 use gpuops_inventory::Inventory;
@@ -113,8 +113,8 @@ pub(crate) async fn run(
         // While a read is in flight the loop is only as alive as that read is young: a driver
         // call that never returns must age the beat from when it began, whatever else (the
         // lateness report, an XID) wakes the loop meanwhile.
-        let beat = in_flight.as_ref().map_or_else(now_ms, |(_, started, _)| {
-            now_ms().saturating_sub(started.elapsed().as_millis() as u64)
+        let beat = in_flight.as_ref().map_or_else(monotonic_ms, |(_, started, _)| {
+            monotonic_ms().saturating_sub(started.elapsed().as_millis() as u64)
         });
         l.live.store(beat, Ordering::Relaxed);
         let late_at = in_flight
@@ -186,7 +186,7 @@ pub(crate) async fn run(
                         if let Ok(mut h) = l.healthy.lock() {
                             *h = healthy_indices(&next);
                         }
-                        if state.health.expire(&l.policy, now_ms()) {
+                        if state.health.expire(&l.policy, monotonic_ms()) {
                             tracing::info!("no XID for the quiet period: devices healthy again where the driver agrees");
                         }
                         state.inventory = Arc::new(next);
@@ -207,7 +207,7 @@ pub(crate) async fn run(
                     let text = describe_event(&event, &state.inventory);
                     if let GpuEvent::Xid { gpu, xid, gi_id, ci_id } = event {
                         tracing::warn!(gpu, xid, gi = gi_id, ci = ci_id, "{text}");
-                        state.health.record(&l.policy, gpu, gi_id, ci_id, xid, now_ms());
+                        state.health.record(&l.policy, gpu, gi_id, ci_id, xid, monotonic_ms());
                         state.xids.record(gpu, gi_id, xid);
                         state.collection = None;
                         state_tx.send_replace(Arc::new(state.clone()));
@@ -375,7 +375,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
             let beat = live.load(Ordering::Relaxed);
             if last != 0 && beat == last {
-                widest = widest.max(now_ms().saturating_sub(beat));
+                widest = widest.max(monotonic_ms().saturating_sub(beat));
             }
             last = beat;
         }

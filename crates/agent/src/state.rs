@@ -103,9 +103,26 @@ pub fn not_ready(i: &ReadyInputs) -> Option<NotReady> {
 impl Probes {
     /// Liveness: the snapshot loop goes round (a hung NVML call or a dead loop fails it).
     pub fn loop_alive(&self) -> bool {
-        let last = self.last_loop_ms.load(std::sync::atomic::Ordering::Relaxed);
-        now_ms().saturating_sub(last) <= self.stale_after_ms
+        self.loop_alive_at(monotonic_ms())
     }
+
+    /// [`Probes::loop_alive`] at `now` on the [`monotonic_ms`] clock.
+    pub fn loop_alive_at(&self, now: u64) -> bool {
+        let last = self.last_loop_ms.load(std::sync::atomic::Ordering::Relaxed);
+        now.saturating_sub(last) <= self.stale_after_ms
+    }
+}
+
+/// Milliseconds on the monotonic clock since this process first asked. The quiet period of XID
+/// health and the liveness probe measure with it: setting the wall clock (NTP stepping it, an
+/// operator's `date -s`) must neither heal a GPU early, nor keep it unhealthy for an hour, nor
+/// fail /healthz, and a stuck loop must not look alive after the clock went back.
+pub fn monotonic_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 /// Milliseconds since the Unix epoch.
@@ -124,19 +141,29 @@ mod tests {
     fn the_loop_is_alive_until_it_has_not_gone_round_for_the_stale_period() {
         let probes = Probes {
             serve: gpuops_serve::Probes::new(),
-            last_loop_ms: Arc::new(AtomicU64::new(now_ms())),
+            last_loop_ms: Arc::new(AtomicU64::new(100_000)),
             stale_after_ms: 60_000,
             registered: None,
             collection_stale_after: std::time::Duration::from_secs(50),
         };
-        assert!(probes.loop_alive());
-        probes
-            .last_loop_ms
-            .store(now_ms().saturating_sub(61_000), Ordering::Relaxed);
+        assert!(probes.loop_alive_at(100_000 + 60_000));
         assert!(
-            !probes.loop_alive(),
+            !probes.loop_alive_at(100_000 + 61_000),
             "a loop stuck for 61 s of 60 is not alive"
         );
+        probes.last_loop_ms.store(161_000, Ordering::Relaxed);
+        assert!(probes.loop_alive_at(161_000));
+    }
+
+    #[test]
+    fn the_monotonic_clock_goes_forward_and_is_not_the_wall_clock() {
+        let a = monotonic_ms();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let b = monotonic_ms();
+        assert!(b >= a + 20, "{a} then {b}");
+        // Milliseconds since this process started, not since 1970: what the quiet period and
+        // the liveness probe compare can never be a wall-clock reading, whatever the clock says.
+        assert!(b < now_ms() / 2, "{b} looks like a wall-clock time");
     }
 
     #[test]
