@@ -156,6 +156,19 @@ pub struct MigMemory {
     pub failed_at: BTreeMap<String, Millis>,
 }
 
+impl MigMemory {
+    /// Moves every remembered instant by `delta_ms` (see [`crate::model::State::shift`]).
+    pub fn shift(&mut self, delta_ms: i64) {
+        for t in self
+            .last_change
+            .values_mut()
+            .chain(self.failed_at.values_mut())
+        {
+            *t = crate::model::shift_ms(*t, delta_ms);
+        }
+    }
+}
+
 /// Re-partition one node: the named config to write and the label value to set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigChange {

@@ -293,6 +293,27 @@ pub struct State {
     pub timed_out: BTreeMap<String, Millis>,
 }
 
+impl State {
+    /// Moves every remembered instant by `delta_ms`: after the caller's wall clock jumped, an
+    /// idle timer or a back-off keeps the time it had left instead of expiring at once (a jump
+    /// forward) or an hour late (a jump back).
+    pub fn shift(&mut self, delta_ms: i64) {
+        for t in self.unneeded_since.values_mut() {
+            *t = shift_ms(*t, delta_ms);
+        }
+        for t in self.timed_out.values_mut() {
+            *t = shift_ms(*t, delta_ms);
+        }
+        for b in self.backoff.values_mut() {
+            b.until = shift_ms(b.until, delta_ms);
+        }
+    }
+}
+
+pub(crate) fn shift_ms(t: Millis, delta_ms: i64) -> Millis {
+    t.saturating_add_signed(delta_ms)
+}
+
 /// A pool's back-off after timed-out nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Backoff {

@@ -670,6 +670,59 @@ fn idle_node_is_removed_after_the_idle_period() {
 }
 
 #[test]
+fn a_wall_clock_jump_shifted_out_keeps_the_idle_time_left() {
+    const H: u64 = 3600 * S;
+    let snap = idle_cluster();
+    let c = cfg();
+    // Jump forward by an hour 5 min into the idle period: without the shift the node would go at
+    // once; with it, it still has its 5 min left.
+    let mut state = State::default();
+    decide(&snap, &mut state, 0, &c);
+    decide(&snap, &mut state, 5 * 60 * S, &c);
+    let mut unshifted = state.clone();
+    state.shift(i64::try_from(H).unwrap());
+    assert!(
+        decide(&snap, &mut state, H + 6 * 60 * S, &c)
+            .removals
+            .is_empty()
+    );
+    assert_eq!(
+        decide(&snap, &mut state, H + 10 * 60 * S, &c)
+            .removals
+            .len(),
+        1
+    );
+    assert_eq!(
+        decide(&snap, &mut unshifted, H + 6 * 60 * S, &c)
+            .removals
+            .len(),
+        1,
+        "the unshifted state must show the bug the shift prevents"
+    );
+    // A jump back by an hour: the node still goes 10 min after it became idle, not 70.
+    let mut state = State::default();
+    decide(&snap, &mut state, 2 * H, &c);
+    state.shift(-i64::try_from(H).unwrap());
+    assert_eq!(
+        decide(&snap, &mut state, H + 10 * 60 * S, &c)
+            .removals
+            .len(),
+        1
+    );
+    // Back-offs move too.
+    let mut state = State::default();
+    state.backoff.insert(
+        "p".into(),
+        Backoff {
+            failures: 1,
+            until: 10 * S,
+        },
+    );
+    state.shift(-5_000);
+    assert_eq!(state.backoff["p"].until, 5 * S);
+}
+
+#[test]
 fn measured_idle_gpus_make_a_node_unneeded() {
     let mut snap = idle_cluster();
     snap.nodes[0].gpu_util = Some(0.0);

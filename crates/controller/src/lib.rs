@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod act;
+pub mod clock;
 pub mod error;
 pub mod metrics;
 pub mod prom;

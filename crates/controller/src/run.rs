@@ -47,12 +47,6 @@ pub struct ControllerConfig {
 /// Events published at once per pass.
 const EVENTS_IN_PARALLEL: usize = 16;
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Drops what the decision never reads before an object enters a cache: managedFields and
 /// kubectl's last-applied copy are often half of an object's size.
 fn slim<K: kube::Resource>(o: &mut K) {
@@ -251,6 +245,7 @@ pub async fn run(
         None => watch::channel(true).1,
     };
     let mut state = State::default();
+    let mut clock = crate::clock::Clock::default();
     let mut previous: Option<Status> = None;
     let mut backoff = Duration::ZERO;
     // After a failed pass nothing runs before this, whatever wakes the loop: with the apiserver
@@ -278,7 +273,7 @@ pub async fn run(
             continue;
         }
         retry_at = None;
-        match pass(&ctx, &mut state, previous.as_ref()).await {
+        match pass(&ctx, &mut state, &mut clock, previous.as_ref()).await {
             Ok(s) => {
                 previous = Some(s);
                 backoff = Duration::ZERO;
@@ -326,9 +321,17 @@ fn values(store: &Store<DynamicObject>) -> Vec<Value> {
 async fn pass(
     ctx: &Ctx,
     state: &mut State,
+    clock: &mut crate::clock::Clock,
     previous: Option<&Status>,
 ) -> Result<Status, ControllerError> {
-    let now = now_ms();
+    let (now, jumped) = clock.read();
+    if let Some(delta_ms) = jumped {
+        state.shift(delta_ms);
+        tracing::warn!(
+            delta_ms,
+            "the wall clock jumped: idle timers and back-offs keep the time they had left"
+        );
+    }
     let mds = values(&ctx.mds);
     let machines = values(&ctx.machines);
     // The caches' own objects: with 10,000 pods a copy per pass doubled the memory.
