@@ -27,6 +27,8 @@ pub struct NodeSettings {
     pub startup_taint: String,
     pub mig_config_file: Option<PathBuf>,
     pub mig_default_config: Option<String>,
+    /// `NAMESPACE/NAME`: keep `mig_config_file` a copy of this ConfigMap, read through the API.
+    pub mig_config_configmap: Option<String>,
     pub mig_drain_timeout: Duration,
     pub mig_retry: Duration,
     pub mig_child_timeout: Duration,
@@ -80,6 +82,24 @@ pub fn kube_config(
             resync: s.node_resync,
         }));
     }
+    let configmap = match &s.mig_config_configmap {
+        None => None,
+        Some(v) => match v.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Some((ns.to_string(), name.to_string()))
+            }
+            _ => {
+                return Err(AgentError::Invalid(format!(
+                    "--mig-config-configmap {v:?}: expected NAMESPACE/NAME"
+                )));
+            }
+        },
+    };
+    if configmap.is_some() && s.mig_config_file.is_none() {
+        return Err(AgentError::Invalid(
+            "--mig-config-configmap needs --mig-config-file (where the copy is kept)".into(),
+        ));
+    }
     let mig = match &s.mig_config_file {
         Some(file) => {
             // A config file that cannot be read now is reported, not fatal: a ConfigMap may
@@ -98,6 +118,7 @@ pub fn kube_config(
                 gpu_flags: gpus.mig_child_flags(),
                 child_timeout: s.mig_child_timeout,
                 pod_socket,
+                configmap,
             })
         }
         None => None,
@@ -378,6 +399,7 @@ mod tests {
             startup_taint: crate::DEFAULT_STARTUP_TAINT.into(),
             mig_config_file: None,
             mig_default_config: None,
+            mig_config_configmap: None,
             mig_drain_timeout: Duration::from_secs(300),
             mig_retry: Duration::from_secs(30),
             mig_child_timeout: Duration::from_secs(600),
@@ -441,6 +463,7 @@ mod tests {
         let with_mig = NodeSettings {
             mig_config_file: Some(PathBuf::from("/etc/gpuops/mig.yaml")),
             mig_default_config: Some("all-disabled".into()),
+            mig_config_configmap: None,
             ..settings()
         };
         let sim = GpuOrigin {

@@ -5,6 +5,7 @@
 pub mod act;
 pub mod error;
 pub mod metrics;
+pub mod mig;
 pub mod prom;
 pub mod run;
 pub mod snapshot;

@@ -42,6 +42,8 @@ pub struct ControllerConfig {
     pub dry_run: bool,
     /// Prometheus base URL for measured GPU utilization (`None`: only the pod-based rule).
     pub prometheus_url: Option<String>,
+    /// The MIG demand reconciler (`None`: off, MIG pods are left to the node-pool decision).
+    pub mig: Option<crate::mig::MigOptions>,
 }
 
 fn now_ms() -> u64 {
@@ -119,6 +121,7 @@ struct Ctx {
     mds: Store<DynamicObject>,
     machines: Store<DynamicObject>,
     gpu_util: Option<Arc<crate::prom::Feed>>,
+    mig: Option<crate::mig::Mig>,
 }
 
 /// Runs until `shutdown` turns true.
@@ -206,6 +209,7 @@ pub async fn run(
         metrics: metrics.clone(),
         cfg: cfg.clone(),
         gpu_util,
+        mig: cfg.mig.clone().map(crate::mig::Mig::new),
     };
 
     // Ready once every cache has its first list; a missing CRD keeps the controller unready
@@ -321,7 +325,7 @@ async fn pass(
         }
         None => HashMap::new(),
     };
-    let (snap, errors) = snapshot::build(
+    let (mut snap, errors) = snapshot::build(
         &Objects {
             machine_deployments: &mds,
             machines: &machines,
@@ -332,6 +336,13 @@ async fn pass(
         },
         now,
     );
+    let mut mig = match &ctx.mig {
+        Some(m) => {
+            let (client, ns) = (&ctx.client, &ctx.cfg.namespace);
+            Some(m.pass(client, ns, &nodes, &mut snap, now, ctx.cfg.dry_run).await)
+        }
+        None => None,
+    };
     let started = std::time::Instant::now();
     let d = gpuops_autoscale::decide(&snap, state, now, &ctx.cfg.decision);
     let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -367,6 +378,24 @@ async fn pass(
     if !ctx.cfg.dry_run {
         apply(ctx, &d, &by_name, &mut first_error).await;
     }
+    if let Some(mp) = &mut mig {
+        let extra = Decision {
+            scale_ups: std::mem::take(&mut mp.scale_ups),
+            ..Decision::default()
+        };
+        if !ctx.cfg.dry_run {
+            apply(ctx, &extra, &by_name, &mut first_error).await;
+        }
+        for e in &mp.events {
+            if let Err(err) = record(ctx, e, &by_name).await {
+                tracing::debug!(error = %err, "event not recorded");
+            }
+        }
+        if let Some(e) = mp.error.take() {
+            tracing::warn!(error = %e, "MIG action failed; retried next pass");
+            first_error.get_or_insert(e);
+        }
+    }
     for e in &d.events {
         if let Err(err) = record(ctx, e, &by_name).await {
             tracing::debug!(error = %err, "event not recorded");
@@ -381,7 +410,10 @@ async fn pass(
         };
         let _ = record(ctx, &ev, &by_name).await;
     }
-    let st = status::build(&snap, &error_texts, &d, now, &ctx.cfg.identity, previous);
+    let mut st = status::build(&snap, &error_texts, &d, now, &ctx.cfg.identity, previous);
+    if let Some(mp) = &mig {
+        status::add_mig(&mut st, mp);
+    }
     write_status(ctx, &st).await?;
     match first_error {
         Some(e) => Err(e),

@@ -45,6 +45,7 @@ impl Controller {
             metrics_address: "127.0.0.1:0".parse().unwrap(),
             dry_run: false,
             prometheus_url: None,
+            mig: None,
         };
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
