@@ -21,9 +21,11 @@ pub const LAYOUT_ANNOTATION: &str = "gpuops.io/mig.layout";
 /// The label naming the wanted config, and the one reporting the agent's progress.
 pub const CONFIG_LABEL: &str = "nvidia.com/mig.config";
 pub const STATE_LABEL: &str = "nvidia.com/mig.config.state";
-/// When the agent entered its state, and why its last change failed.
-pub const SINCE_ANNOTATION: &str = "gpuops.io/mig.config.state-since";
+/// Why the agent's last change failed.
 pub const REASON_ANNOTATION: &str = "gpuops.io/mig.config.reason";
+/// When this reconciler last set the node's config label (RFC 3339): the minimum interval
+/// between changes survives a controller restart.
+pub const CHANGED_ANNOTATION: &str = "gpuops.io/mig.config.changed-at";
 /// The key of the mig-parted config in the agents' ConfigMap.
 pub const CONFIGMAP_KEY: &str = "config.yaml";
 /// Names of the configs this reconciler generates; unreferenced ones are pruned.
@@ -154,7 +156,7 @@ pub fn view(
                 .unwrap_or_default(),
             state: state_of(n, &layout),
             changed_at: annotations
-                .get(SINCE_ANNOTATION)
+                .get(CHANGED_ANNOTATION)
                 .and_then(|s| crate::snapshot::parse_rfc3339(s)),
             unschedulable: n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
                 || seen.is_some_and(|s| s.removing),
@@ -507,7 +509,13 @@ impl Mig {
 }
 
 async fn label(api: &Api<Node>, node: &str, config: &str) -> Result<(), ControllerError> {
-    let patch = json!({"metadata": {"labels": {CONFIG_LABEL: config}}});
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let patch = json!({"metadata": {
+        "labels": {CONFIG_LABEL: config},
+        "annotations": {CHANGED_ANNOTATION: gpuops_kube::rfc3339(now)},
+    }});
     api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|source| ControllerError::Api {

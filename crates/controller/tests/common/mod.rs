@@ -1,6 +1,7 @@
 //! What the controller's e2e tests share: the controller run in the test process on a test bed
 //! with the Cluster API core controllers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+#![allow(dead_code)] // each test file uses a different part
 
 use gpuops_testbed::{CapiOptions, Cluster, ClusterApi, ClusterOptions};
 use std::time::Duration;
@@ -20,8 +21,18 @@ impl Controller {
     }
 
     pub fn start_as(kubeconfig: std::path::PathBuf, identity: &str, lease: bool) -> Controller {
+        Controller::start_with(kubeconfig, identity, lease, |_| {})
+    }
+
+    /// [`Controller::start_as`] with the config changed by `edit` first.
+    pub fn start_with(
+        kubeconfig: std::path::PathBuf,
+        identity: &str,
+        lease: bool,
+        edit: impl FnOnce(&mut gpuops_controller::ControllerConfig),
+    ) -> Controller {
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let config = gpuops_controller::ControllerConfig {
+        let mut config = gpuops_controller::ControllerConfig {
             client: gpuops_kube::ClientOptions {
                 kubeconfig: Some(kubeconfig),
                 ..gpuops_kube::ClientOptions::default()
@@ -47,6 +58,7 @@ impl Controller {
             prometheus_url: None,
             mig: None,
         };
+        edit(&mut config);
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
