@@ -13,10 +13,10 @@
 //! ([`MigReport`]) and the node reconciler keeps them there, so a write that failed is made again.
 
 use crate::state::NodeState;
-use gpuops_kube::{NodeWriter, now_secs, rfc3339};
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use gpuops_inventory::Inventory;
+use gpuops_kube::{NodeWriter, now_secs, rfc3339};
 use gpuops_mig::config::NamedConfig;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -261,7 +261,8 @@ pub(crate) async fn run(
             retry_at = None;
             failures = 0;
         }
-        flow.publish_layout(done.as_ref().map(|(n, _)| n.as_str())).await;
+        flow.publish_layout(done.as_ref().map(|(n, _)| n.as_str()))
+            .await;
         // Without the node's labels (API unreachable) the resources come back after a while:
         // waiting for the apiserver must not keep the GPUs from pods.
         if first && (node_labels.is_some() || started.elapsed() > Duration::from_secs(30)) {
@@ -297,19 +298,21 @@ pub(crate) async fn mirror_configmap(
 ) {
     let mut missing_logged = false;
     loop {
-        let text = cm.borrow_and_update().as_ref().map(|c| {
-            c.data
-                .as_ref()
-                .and_then(|d| d.get(CONFIGMAP_KEY))
-                .cloned()
-        });
+        let text = cm
+            .borrow_and_update()
+            .as_ref()
+            .map(|c| c.data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY)).cloned());
         match text {
             Some(Some(text)) => {
                 missing_logged = false;
                 if std::fs::read_to_string(&file).ok().as_deref() != Some(text.as_str()) {
                     match gpuops_atomicfile::write(&file, &text) {
-                        Ok(()) => tracing::info!(file = %file.display(), "MIG config file {} updated from its ConfigMap", file.display()),
-                        Err(e) => tracing::warn!(file = %file.display(), error = %e, "writing MIG config file {}: {e}", file.display()),
+                        Ok(()) => {
+                            tracing::info!(file = %file.display(), "MIG config file {} updated from its ConfigMap", file.display())
+                        }
+                        Err(e) => {
+                            tracing::warn!(file = %file.display(), error = %e, "writing MIG config file {}: {e}", file.display())
+                        }
                     }
                 }
             }
@@ -455,12 +458,11 @@ impl Flow {
                 .await;
                 // Only the pods on devices the change takes away are waited for: instances
                 // that stay keep running (and their pods) through the change.
-                let touched = gpuops_mig::config::parse(text, &self.cfg.config_file.display().to_string())
-                    .ok()
-                    .and_then(|all| all.get(name).ok().cloned())
-                    .and_then(|named| {
-                        touched_devices(&self.state.borrow().inventory, &named)
-                    });
+                let touched =
+                    gpuops_mig::config::parse(text, &self.cfg.config_file.display().to_string())
+                        .ok()
+                        .and_then(|all| all.get(name).ok().cloned())
+                        .and_then(|named| touched_devices(&self.state.borrow().inventory, &named));
                 self.busy.send_replace(true);
                 let result = match self.wait_for_gpu_pods(touched.as_ref()).await {
                     Err(holders) => Err(format!(

@@ -70,7 +70,10 @@ fn state_of(node: &Node, layout: &Layout) -> MigNodeState {
         Some("failed") => MigNodeState::Failed,
         Some("pending" | "rebooting") => MigNodeState::Pending,
         // The label asks for a config the agent has not applied: a change not picked up yet.
-        _ if labels.get(CONFIG_LABEL).is_some_and(|c| layout.applied.as_ref() != Some(c)) => {
+        _ if labels
+            .get(CONFIG_LABEL)
+            .is_some_and(|c| layout.applied.as_ref() != Some(c)) =>
+        {
             MigNodeState::Pending
         }
         _ => MigNodeState::Success,
@@ -314,7 +317,14 @@ impl Mig {
             // Nothing to serve; failures are still remembered for the back-off.
             decide_mig(&mig_nodes, &[], &[], &mut mem, now, &self.opts.decision)
         } else {
-            decide_mig(&mig_nodes, &pods, &pools, &mut mem, now, &self.opts.decision)
+            decide_mig(
+                &mig_nodes,
+                &pods,
+                &pools,
+                &mut mem,
+                now,
+                &self.opts.decision,
+            )
         };
         if !dry_run {
             for n in nodes {

@@ -184,5 +184,8 @@ fn changes_under_way_and_failed_ones_are_listed_for_the_status() {
             ("failed", "failed", "injected failure")
         ]
     );
-    assert!(s.iter().all(|c| c.from == "all-1g.10gb" && c.to == "gpuops-1"));
+    assert!(
+        s.iter()
+            .all(|c| c.from == "all-1g.10gb" && c.to == "gpuops-1")
+    );
 }

@@ -339,7 +339,10 @@ async fn pass(
     let mut mig = match &ctx.mig {
         Some(m) => {
             let (client, ns) = (&ctx.client, &ctx.cfg.namespace);
-            Some(m.pass(client, ns, &nodes, &mut snap, now, ctx.cfg.dry_run).await)
+            Some(
+                m.pass(client, ns, &nodes, &mut snap, now, ctx.cfg.dry_run)
+                    .await,
+            )
         }
         None => None,
     };

@@ -61,17 +61,18 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(
-        cluster: &Cluster,
-        node: &HarnessNode,
-        sim: &Path,
-        env: &[(&str, &str)],
-    ) -> Agent {
+    fn start(cluster: &Cluster, node: &HarnessNode, sim: &Path, env: &[(&str, &str)]) -> Agent {
         let log = cluster.dir().join("agent.log");
         let out = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(gpuops_binary());
         cmd.arg("agent")
-            .args(["--interval", "1s", "--node-name", &node.name, "--kubernetes"])
+            .args([
+                "--interval",
+                "1s",
+                "--node-name",
+                &node.name,
+                "--kubernetes",
+            ])
             .arg("--sim-state")
             .arg(sim)
             .arg("--mig-config-file")
@@ -121,20 +122,66 @@ impl Drop for Agent {
     }
 }
 
-fn controller(cluster: &Cluster, min_interval: Duration, backoff: Duration) -> common::Controller {
+fn controller(cluster: &Cluster, mig: gpuops_autoscale::MigConfig) -> common::Controller {
     common::Controller::start_with(cluster.kubeconfig(), "solo", false, |c| {
         c.mig = Some(gpuops_controller::mig::MigOptions {
             configmap: CONFIGMAP.into(),
-            decision: gpuops_autoscale::MigConfig {
-                // Creation times have whole seconds: an idle window of 1 s could split one
-                // burst into two batches.
-                batch_idle: Duration::from_secs(2),
-                batch_max: Duration::from_secs(6),
-                min_interval,
-                failed_backoff: backoff,
-            },
+            decision: mig,
         });
     })
+}
+
+fn windows(min_interval: Duration, failed_backoff: Duration) -> gpuops_autoscale::MigConfig {
+    gpuops_autoscale::MigConfig {
+        // Creation times have whole seconds: an idle window of 1 s could split one burst into
+        // two batches.
+        batch_idle: Duration::from_secs(2),
+        batch_max: Duration::from_secs(6),
+        min_interval,
+        failed_backoff,
+    }
+}
+
+/// Waits until the controller published a status at least `after` past now: every pass it
+/// makes until then is one that could have acted.
+fn passes_for(cluster: &Cluster, after: Duration) {
+    let until = gpuops_kube::rfc3339(gpuops_kube::now_secs() + after.as_secs());
+    wait_until(
+        "the controller deciding past the window",
+        after + Duration::from_secs(60),
+        || {
+            serde_json::from_str::<serde_json::Value>(&status(cluster))
+                .ok()
+                .and_then(|s| s["time"].as_str().map(|t| t >= until.as_str()))
+                .unwrap_or(false)
+        },
+    )
+    .unwrap();
+}
+
+fn count(events: &str, reason: &str) -> usize {
+    events
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some(reason))
+        .count()
+}
+
+/// Re-partitions in the controller's decision history (a repeated event would be folded into
+/// one Event series; the history has a line per change).
+fn repartitions(cluster: &Cluster) -> usize {
+    serde_json::from_str::<serde_json::Value>(&status(cluster))
+        .ok()
+        .and_then(|s| {
+            s["decisions"].as_array().map(|d| {
+                d.iter()
+                    .filter(|l| {
+                        l.as_str()
+                            .is_some_and(|l| l.contains("re-partitioning node"))
+                    })
+                    .count()
+            })
+        })
+        .unwrap_or(0)
 }
 
 fn node_json(cluster: &Cluster) -> serde_json::Value {
@@ -211,7 +258,15 @@ fn events(cluster: &Cluster) -> String {
 
 /// A test bed with one harness MIG node: 2x A100 80GB, both GPUs at 7x 1g.10gb, its agent
 /// following the ConfigMap.
-fn mig_bed(env: &[(&str, &str)]) -> (Cluster, gpuops_testbed::ClusterApi, HarnessNode, PathBuf, Agent) {
+fn mig_bed(
+    env: &[(&str, &str)],
+) -> (
+    Cluster,
+    gpuops_testbed::ClusterApi,
+    HarnessNode,
+    PathBuf,
+    Agent,
+) {
     let (cluster, capi) = common::bed();
     let node = HarnessNode::start(&cluster, NODE).unwrap();
     let fleet = cluster.dir().join("a100.yaml");
@@ -251,7 +306,9 @@ fn mig_bed(env: &[(&str, &str)]) -> (Cluster, gpuops_testbed::ClusterApi, Harnes
 fn pending_3g_pods_re_partition_free_capacity_keep_busy_instances_and_buy_nothing() {
     let (cluster, _capi, node, sim, agent) = mig_bed(&[]);
     // One 1g.10gb instance busy before the change.
-    cluster.apply(&pod("small", "nvidia.com/mig-1g.10gb")).unwrap();
+    cluster
+        .apply(&pod("small", "nvidia.com/mig-1g.10gb"))
+        .unwrap();
     wait_until("the 1g.10gb pod running", Duration::from_secs(60), || {
         phase(&cluster, "small") == "Running"
     })
@@ -259,14 +316,21 @@ fn pending_3g_pods_re_partition_free_capacity_keep_busy_instances_and_buy_nothin
     let before = mig_uuids(&sim);
     assert_eq!(before.len(), 14, "{before:?}");
     // The agent publishes that a pod holds it.
-    wait_until("the busy instance published", Duration::from_secs(30), || {
-        node_json(&cluster)["metadata"]["annotations"]["gpuops.io/mig.layout"]
-            .as_str()
-            .is_some_and(|l| l.contains("\"busy\":true"))
-    })
+    wait_until(
+        "the busy instance published",
+        Duration::from_secs(30),
+        || {
+            node_json(&cluster)["metadata"]["annotations"]["gpuops.io/mig.layout"]
+                .as_str()
+                .is_some_and(|l| l.contains("\"busy\":true"))
+        },
+    )
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
 
-    let _controller = controller(&cluster, Duration::from_secs(600), Duration::from_secs(600));
+    let _controller = controller(
+        &cluster,
+        windows(Duration::from_secs(600), Duration::from_secs(600)),
+    );
     // One apply: the two pods are one demand, inside one batch.
     cluster
         .apply(&format!(
@@ -275,15 +339,19 @@ fn pending_3g_pods_re_partition_free_capacity_keep_busy_instances_and_buy_nothin
             pod("big-1", "nvidia.com/mig-3g.40gb")
         ))
         .unwrap();
-    wait_until("both 3g.40gb pods running", Duration::from_secs(120), || {
-        phase(&cluster, "big-0") == "Running" && phase(&cluster, "big-1") == "Running"
-    })
+    wait_until(
+        "both 3g.40gb pods running",
+        Duration::from_secs(120),
+        || phase(&cluster, "big-0") == "Running" && phase(&cluster, "big-1") == "Running",
+    )
     .unwrap_or_else(|e| {
         panic!(
             "{e}\n{}\n{}\n{}\n{}",
             status(&cluster),
             events(&cluster),
-            cluster.kubectl(&["get", "node", NODE, "-o", "yaml"]).unwrap_or_default(),
+            cluster
+                .kubectl(&["get", "node", NODE, "-o", "yaml"])
+                .unwrap_or_default(),
             agent.log()
         )
     });
@@ -307,7 +375,10 @@ fn pending_3g_pods_re_partition_free_capacity_keep_busy_instances_and_buy_nothin
             "jsonpath={.data.config\\.yaml}",
         ])
         .unwrap();
-    assert!(text.contains(&config) && text.contains("all-1g.10gb"), "{text}");
+    assert!(
+        text.contains(&config) && text.contains("all-1g.10gb"),
+        "{text}"
+    );
     // No node bought, and the decision is explained on the node and the pods.
     let machines = cluster
         .kubectl(&["get", "machines.cluster.x-k8s.io", "-A", "-o", "name"])
@@ -322,4 +393,102 @@ fn node_devices(node: &HarnessNode, pod: &str) -> Vec<String> {
     node.allocation("default", pod)
         .map(|a| a.devices("nvidia.com/mig-1g.10gb"))
         .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn demand_that_flaps_inside_the_batch_window_changes_nothing() {
+    let (cluster, _capi, _node, _sim, agent) = mig_bed(&[]);
+    let mut mig = windows(Duration::from_secs(5), Duration::from_secs(600));
+    mig.batch_idle = Duration::from_secs(15);
+    mig.batch_max = Duration::from_secs(30);
+    let _controller = controller(&cluster, mig);
+    for round in 0..2 {
+        let name = format!("flap-{round}");
+        cluster
+            .apply(&pod(&name, "nvidia.com/mig-3g.40gb"))
+            .unwrap();
+        // Seen pending (the scheduler found no node) before it goes away again.
+        wait_until("the pod unschedulable", Duration::from_secs(30), || {
+            cluster
+                .kubectl(&[
+                    "get",
+                    "pod",
+                    &name,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+                ])
+                .is_ok_and(|r| r == "Unschedulable")
+        })
+        .unwrap();
+        cluster
+            .kubectl(&["delete", "pod", &name, "--wait=true"])
+            .unwrap();
+    }
+    passes_for(&cluster, Duration::from_secs(20));
+    let ev = events(&cluster);
+    assert_eq!(count(&ev, "MIGRepartition"), 0, "{ev}\n{}", agent.log());
+    assert_eq!(repartitions(&cluster), 0, "{}", status(&cluster));
+    assert_eq!(
+        label(&cluster, "nvidia.com/mig.config").as_deref(),
+        Some("all-1g.10gb")
+    );
+    assert_eq!(allocatable(&cluster, "nvidia.com/mig-1g.10gb"), 14);
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn a_failed_change_goes_back_and_is_not_retried_on_that_node_within_the_backoff() {
+    // A pre-apply-config hook that fails while the flag file exists: a real failed apply.
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("fail");
+    let hooks = dir.path().join("hooks.yaml");
+    std::fs::write(
+        &hooks,
+        format!(
+            "version: v1\nhooks:\n  pre-apply-config:\n  - command: /bin/sh\n    args: [\"-c\", \"test ! -e {}\"]\n",
+            flag.display()
+        ),
+    )
+    .unwrap();
+    let (cluster, _capi, _node, _sim, agent) =
+        mig_bed(&[("MIG_PARTED_HOOKS_FILE", hooks.to_str().unwrap())]);
+    std::fs::write(&flag, "").unwrap();
+    // The minimum interval is short: only the failure's back-off can keep the node unchosen.
+    let _controller = controller(
+        &cluster,
+        windows(Duration::from_secs(3), Duration::from_secs(600)),
+    );
+    cluster
+        .apply(&pod("big", "nvidia.com/mig-3g.40gb"))
+        .unwrap();
+    wait_until(
+        "the failed change put back",
+        Duration::from_secs(90),
+        || {
+            count(&events(&cluster), "MIGRepartitionFailed") >= 1
+                && label(&cluster, "nvidia.com/mig.config").as_deref() == Some("all-1g.10gb")
+                && label(&cluster, "nvidia.com/mig.config.state").as_deref() == Some("success")
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\n{}\n{}\n{}",
+            status(&cluster),
+            events(&cluster),
+            agent.log()
+        )
+    });
+    assert_eq!(allocatable(&cluster, "nvidia.com/mig-1g.10gb"), 14);
+    // Well past the minimum interval and the batch window, the pod still pending: the node
+    // was not chosen again.
+    passes_for(&cluster, Duration::from_secs(15));
+    assert_eq!(repartitions(&cluster), 1, "{}", status(&cluster));
+    assert_eq!(phase(&cluster, "big"), "Pending");
+    assert_eq!(
+        label(&cluster, "nvidia.com/mig.config").as_deref(),
+        Some("all-1g.10gb")
+    );
+    let st = status(&cluster);
+    assert!(st.contains("default/big"), "{st}");
 }

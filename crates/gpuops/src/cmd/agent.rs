@@ -136,7 +136,11 @@ pub struct NodeFlags {
     mig_default_config: Option<String>,
     /// Keep --mig-config-file a copy of this ConfigMap's config.yaml, read and watched through
     /// the API (a change is seen in seconds, not at the kubelet's next volume sync).
-    #[arg(long, env = "GPUOPS_MIG_CONFIG_CONFIGMAP", value_name = "NAMESPACE/NAME")]
+    #[arg(
+        long,
+        env = "GPUOPS_MIG_CONFIG_CONFIGMAP",
+        value_name = "NAMESPACE/NAME"
+    )]
     mig_config_configmap: Option<String>,
     /// How long a MIG change waits for pods using the GPUs before it gives up (state failed,
     /// resources restored, retried with backoff).
