@@ -662,6 +662,121 @@ mod tests {
         assert_eq!(backoff(u32::MAX, min, max), max);
     }
 
+    fn a100(index: u32, mig: bool, devices: &[(&str, &str, u32)]) -> gpuops_inventory::Gpu {
+        gpuops_inventory::Gpu {
+            index,
+            uuid: format!("GPU-{index}"),
+            model: Some("A100-SXM4-80GB".into()),
+            mig: gpuops_inventory::MigState {
+                capable: true,
+                current_enabled: mig,
+                pending_enabled: mig,
+            },
+            mig_devices: devices
+                .iter()
+                .enumerate()
+                .map(|(j, (uuid, profile, start))| gpuops_inventory::MigDevice {
+                    uuid: (*uuid).into(),
+                    index: j as u32,
+                    profile: (*profile).into(),
+                    ci_profile: (*profile).into(),
+                    placement_start: *start,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn seven_1g() -> Vec<(String, &'static str, u32)> {
+        (0..7).map(|i| (format!("MIG-{i}"), "1g.10gb", i)).collect()
+    }
+
+    fn inventory() -> Inventory {
+        let devices = seven_1g();
+        let d: Vec<(&str, &str, u32)> = devices
+            .iter()
+            .map(|(u, p, s)| (u.as_str(), *p, *s))
+            .collect();
+        Inventory {
+            gpus: vec![a100(0, true, &d), a100(1, false, &[])],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_layout_annotation_says_per_gpu_where_each_instance_is_and_which_a_pod_holds() {
+        let inv = Inventory {
+            gpus: vec![
+                a100(0, true, &[("MIG-b", "3g.40gb", 4), ("MIG-a", "1g.10gb", 0)]),
+                a100(1, false, &[]),
+            ],
+            ..Default::default()
+        };
+        let held = BTreeSet::from(["MIG-b".to_string(), "GPU-1".to_string()]);
+        let v: serde_json::Value =
+            serde_json::from_str(&layout_annotation(&inv, &held, Some("mixed"))).unwrap();
+        assert_eq!(v["applied"], "mixed");
+        assert_eq!(v["model"], "A100-SXM4-80GB");
+        let g0 = &v["gpus"][0];
+        assert_eq!(g0["mig_enabled"], true);
+        assert_eq!(g0["instances"][0]["profile"], "1g.10gb");
+        assert_eq!(g0["instances"][0]["start"], 0);
+        assert_eq!(g0["instances"][0]["busy"], false);
+        assert_eq!(g0["instances"][1]["profile"], "3g.40gb");
+        assert_eq!(g0["instances"][1]["busy"], true);
+        assert_eq!(v["gpus"][1]["mig_enabled"], false);
+        assert_eq!(v["gpus"][1]["busy"], true);
+        let none: serde_json::Value =
+            serde_json::from_str(&layout_annotation(&inv, &BTreeSet::new(), None)).unwrap();
+        assert!(none["applied"].is_null());
+    }
+
+    fn named(yaml: &str) -> NamedConfig {
+        gpuops_mig::config::parse(yaml, "test")
+            .unwrap()
+            .get("c")
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn only_the_devices_a_change_takes_away_are_touched() {
+        let inv = inventory();
+        // GPU 0: four 1g.10gb stay, the three at 4..6 make room for a 3g.40gb; GPU 1 stays off.
+        let c = named(
+            "version: v1\nmig-configs:\n  c:\n  - devices: [0]\n    mig-enabled: true\n    mig-devices:\n      1g.10gb: 4\n      3g.40gb: 1\n  - devices: [1]\n    mig-enabled: false\n",
+        );
+        let t = touched_devices(&inv, &c).unwrap();
+        assert_eq!(
+            t,
+            BTreeSet::from(["MIG-4".to_string(), "MIG-5".into(), "MIG-6".into()])
+        );
+        // Turning MIG on takes the whole GPU away.
+        let c = named(
+            "version: v1\nmig-configs:\n  c:\n  - devices: [0]\n    mig-enabled: true\n    mig-devices:\n      1g.10gb: 7\n  - devices: [1]\n    mig-enabled: true\n    mig-devices:\n      7g.80gb: 1\n",
+        );
+        assert_eq!(
+            touched_devices(&inv, &c).unwrap(),
+            BTreeSet::from(["GPU-1".to_string()])
+        );
+        // A config this node cannot take: no plan, so every device counts.
+        let c = named(
+            "version: v1\nmig-configs:\n  c:\n  - devices: all\n    mig-enabled: true\n    mig-devices:\n      7g.80gb: 2\n",
+        );
+        assert!(touched_devices(&inv, &c).is_none());
+    }
+
+    #[test]
+    fn a_config_is_absent_only_from_a_file_that_parses() {
+        let file = std::path::Path::new("/tmp/x.yaml");
+        let text = "version: v1\nmig-configs:\n  all-disabled:\n  - devices: all\n    mig-enabled: false\n";
+        assert!(config_absent(text, "gpuops-1", file));
+        assert!(!config_absent(text, "all-disabled", file));
+        // Not parseable: the attempt reports why, nothing is waited for.
+        assert!(!config_absent("mig-configs: [", "gpuops-1", file));
+    }
+
     #[test]
     fn long_reasons_are_cut_on_a_char_boundary() {
         assert_eq!(truncate("ééé", 3), "é…");

@@ -413,6 +413,40 @@ mod tests {
     }
 
     #[test]
+    fn a_mig_config_configmap_is_namespace_slash_name_and_needs_the_file() {
+        let mut s = settings();
+        s.mig_config_file = Some(PathBuf::from("/tmp/mig.yaml"));
+        s.mig_config_configmap = Some("gpuops/gpuops-mig-config".into());
+        let k = kube_config(&s, false, &GpuOrigin::default(), None, program)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            k.mig.unwrap().configmap,
+            Some(("gpuops".to_string(), "gpuops-mig-config".to_string()))
+        );
+        for bad in ["gpuops-mig-config", "/name", "ns/", "a/b/c"] {
+            s.mig_config_configmap = Some(bad.into());
+            let e = kube_config(&s, false, &GpuOrigin::default(), None, program)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                e.contains("--mig-config-configmap")
+                    && e.contains(bad)
+                    && e.contains("NAMESPACE/NAME"),
+                "{bad}: {e}"
+            );
+        }
+        s.mig_config_file = None;
+        s.mig_config_configmap = Some("gpuops/gpuops-mig-config".into());
+        let e = kube_config(&s, false, &GpuOrigin::default(), None, program)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("needs --mig-config-file"), "{e}");
+    }
+
+    #[test]
     fn the_startup_taint_is_on_by_default_and_an_empty_flag_turns_it_off() {
         let k = kube_config(&settings(), false, &GpuOrigin::default(), None, program)
             .unwrap()
