@@ -185,7 +185,7 @@ pub fn view(
             })
         })
         .collect();
-    let pools = snap
+    let pools: Vec<MigPool> = snap
         .pools
         .iter()
         .filter_map(|p| {
@@ -230,7 +230,108 @@ pub fn view(
             })
         })
         .collect();
+    out.extend(pool_nodes(&out, snap, &pools));
     (out, pods, pools, problems)
+}
+
+/// Nodes of MIG pools that publish no layout yet: those launched and not ready (replicas minus
+/// ready nodes) and ready ones without an agent's annotation, taken to have the pool's default
+/// layout, in flight (never re-partitioned). Pods they will hold are counted as served, so a
+/// pool is not bought twice for one need.
+fn pool_nodes(known: &[MigNode], snap: &Snapshot, pools: &[MigPool]) -> Vec<MigNode> {
+    let mut out = Vec::new();
+    for pool in pools {
+        let Some((config, layout)) = &pool.default_config else {
+            continue;
+        };
+        let ready: Vec<&gpuops_autoscale::Node> = snap
+            .nodes
+            .iter()
+            .filter(|n| n.pool.as_deref() == Some(pool.name.as_str()))
+            .collect();
+        let synth = |name: String, used: &BTreeMap<String, u64>| {
+            let mut used = used.clone();
+            let gpus = layout
+                .iter()
+                .map(|devices| {
+                    let mut instances = Vec::new();
+                    for (profile, n) in devices {
+                        for _ in 0..*n {
+                            let left = used.entry(profile.clone()).or_insert(0);
+                            let busy = *left > 0;
+                            *left = left.saturating_sub(1);
+                            instances.push(gpuops_autoscale::mig_demand::MigInstance {
+                                profile: profile.clone(),
+                                // Unknown placements: in flight, the decision never plans them.
+                                start: 0,
+                                busy,
+                            });
+                        }
+                    }
+                    MigGpu {
+                        mig_enabled: true,
+                        busy: false,
+                        instances,
+                    }
+                })
+                .collect();
+            MigNode {
+                name,
+                pool: Some(pool.name.clone()),
+                model: pool.model.clone(),
+                price_per_hour: pool.price_per_hour,
+                config: config.clone(),
+                state: MigNodeState::Success,
+                changed_at: None,
+                unschedulable: false,
+                in_flight: true,
+                gpus,
+                cpu_free_milli: pool.cpu_milli,
+                memory_free_mib: pool.memory_mib,
+            }
+        };
+        for n in &ready {
+            if known.iter().any(|k| k.name == n.name) {
+                continue;
+            }
+            // Used = the template's count minus what is free now.
+            let per_node: BTreeMap<String, u64> =
+                layout.iter().fold(BTreeMap::new(), |mut a, g| {
+                    for (k, v) in g {
+                        *a.entry(k.clone()).or_insert(0) += u64::from(*v);
+                    }
+                    a
+                });
+            let used = per_node
+                .iter()
+                .map(|(k, total)| {
+                    let free = n
+                        .scalars_free
+                        .get(&format!("{RESOURCE_PREFIX}{k}"))
+                        .copied()
+                        .unwrap_or(0);
+                    (k.clone(), total.saturating_sub(free))
+                })
+                .collect();
+            let mut node = synth(n.name.clone(), &used);
+            node.cpu_free_milli = n.cpu_free_milli;
+            node.memory_free_mib = n.memory_free_mib;
+            out.push(node);
+        }
+        let launched = snap
+            .pools
+            .iter()
+            .find(|p| p.name == pool.name)
+            .map_or(0, |p| p.replicas as usize)
+            .saturating_sub(ready.len());
+        for i in 0..launched {
+            out.push(synth(
+                format!("{}/launched-{i}", pool.name),
+                &BTreeMap::new(),
+            ));
+        }
+    }
+    out
 }
 
 /// `existing` (a mig-parted config file) with `add` put in (a config of the same name is

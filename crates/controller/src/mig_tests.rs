@@ -189,3 +189,66 @@ fn changes_under_way_and_failed_ones_are_listed_for_the_status() {
             .all(|c| c.from == "all-1g.10gb" && c.to == "gpuops-1")
     );
 }
+
+fn mig_pool(replicas: u32) -> gpuops_autoscale::Pool {
+    gpuops_autoscale::Pool {
+        name: "default/a100".into(),
+        min: 0,
+        max: 4,
+        replicas,
+        price_per_hour: 10.0,
+        template: gpuops_autoscale::NodeTemplate {
+            cpu_milli: 64_000,
+            memory_mib: 512 * 1024,
+            gpus: 0,
+            gpu_resource: String::new(),
+            gpu_replicas: 1,
+            gpu_product: "NVIDIA-A100-SXM4-80GB".into(),
+            scalars: BTreeMap::from([("nvidia.com/mig-3g.40gb".to_string(), 2)]),
+            labels: BTreeMap::from([
+                (CONFIG_LABEL.to_string(), "all-3g.40gb".to_string()),
+                ("nvidia.com/gpu.count".to_string(), "1".to_string()),
+            ]),
+            taints: Vec::new(),
+        },
+        timeouts: gpuops_autoscale::StageTimeouts::default(),
+    }
+}
+
+#[test]
+fn a_mig_pool_buys_once_and_its_launched_node_counts_until_it_publishes_a_layout() {
+    let mut snap = Snapshot::default();
+    snap.pending = vec![
+        mig_pod("default/a", "nvidia.com/mig-3g.40gb", 1),
+        mig_pod("default/b", "nvidia.com/mig-3g.40gb", 1),
+    ];
+    snap.pools = vec![mig_pool(0)];
+    let cfg = MigConfig {
+        batch_idle: std::time::Duration::ZERO,
+        ..MigConfig::default()
+    };
+    let (nodes, pods, pools, _) = view(&[], &snap);
+    assert_eq!(pools.len(), 1);
+    assert_eq!(
+        pools[0].default_config,
+        Some((
+            "all-3g.40gb".to_string(),
+            vec![BTreeMap::from([("3g.40gb".to_string(), 2)])]
+        ))
+    );
+    let mut mem = MigMemory::default();
+    let d = decide_mig(&nodes, &pods, &pools, &mut mem, 10_000, &cfg);
+    assert_eq!(d.scale_ups.len(), 1, "{d:?}");
+    assert_eq!(
+        (d.scale_ups[0].nodes, d.scale_ups[0].config_name.as_str()),
+        (1, "all-3g.40gb")
+    );
+    // Replicas raised, the node not ready: its layout holds both pods, nothing bought again.
+    snap.pools = vec![mig_pool(1)];
+    let (nodes, pods, pools, _) = view(&[], &snap);
+    assert_eq!(nodes.len(), 1);
+    assert!(nodes[0].in_flight);
+    let d = decide_mig(&nodes, &pods, &pools, &mut mem, 11_000, &cfg);
+    assert!(d.scale_ups.is_empty(), "{d:?}");
+    assert_eq!(d.served_by_free.len(), 2, "{d:?}");
+}

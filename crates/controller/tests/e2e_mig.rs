@@ -492,3 +492,71 @@ fn a_failed_change_goes_back_and_is_not_retried_on_that_node_within_the_backoff(
     let st = status(&cluster);
     assert!(st.contains("default/big"), "{st}");
 }
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn with_no_mig_capacity_one_node_is_bought_with_the_layout_the_pods_need() {
+    let (cluster, capi) = common::bed();
+    let mut shape =
+        gpuops_testbed::NodeShape::gpu("NVIDIA-A100-SXM4-80GB", "nvidia.com/mig-3g.40gb", 2);
+    shape
+        .labels
+        .insert("nvidia.com/gpu.count".into(), "1".into());
+    // The pool's MIG config: the node comes up with it (the agent would apply it at boot).
+    shape
+        .labels
+        .insert("nvidia.com/mig.config".into(), "all-3g.40gb".into());
+    let mut pool = gpuops_testbed::PoolSpec::new("a100", shape);
+    for (k, v) in [
+        ("gpuops.io/price-per-hour", "10"),
+        ("gpuops.io/gpu-product", "NVIDIA-A100-SXM4-80GB"),
+        ("gpuops.io/mig-config", "all-3g.40gb"),
+        // One GPU per node (the shape's first device would say 2).
+        (
+            "capacity.cluster-autoscaler.kubernetes.io/gpu-type",
+            "nvidia.com/gpu",
+        ),
+        ("capacity.cluster-autoscaler.kubernetes.io/gpu-count", "1"),
+    ] {
+        pool.annotations.insert(k.into(), v.into());
+    }
+    capi.add_pool(&pool).unwrap();
+    let _controller = controller(
+        &cluster,
+        windows(Duration::from_secs(600), Duration::from_secs(600)),
+    );
+    cluster
+        .apply(&format!(
+            "{}---\n{}",
+            pod("big-0", "nvidia.com/mig-3g.40gb"),
+            pod("big-1", "nvidia.com/mig-3g.40gb")
+        ))
+        .unwrap();
+    wait_until(
+        "both 3g.40gb pods running",
+        Duration::from_secs(120),
+        || phase(&cluster, "big-0") == "Running" && phase(&cluster, "big-1") == "Running",
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", status(&cluster), events(&cluster)));
+    // One node for one need, with the pool's layout, even though the decision ran again while
+    // it booted.
+    assert_eq!(capi.machines("a100").unwrap().len(), 1);
+    let nodes = cluster
+        .kubectl(&[
+            "get",
+            "nodes",
+            "-l",
+            "nvidia.com/mig.config=all-3g.40gb",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert_eq!(nodes.lines().count(), 1, "{nodes}");
+    let ev = events(&cluster);
+    assert!(ev.contains("TriggeredScaleUp"), "{ev}");
+    let st = status(&cluster);
+    assert!(
+        st.contains("buying 1 node(s) of pool default/a100 with MIG config all-3g.40gb"),
+        "{st}"
+    );
+}
