@@ -527,9 +527,11 @@ impl Flow {
     async fn publish_layout(&mut self, applied: Option<&str>) {
         let held: BTreeSet<String> = match self.holders().await {
             Some(Ok(h)) => h.into_iter().map(|(uuid, _)| uuid).collect(),
-            // Unknown holders: keep what was published rather than call everything free.
-            Some(Err(_)) if self.layout.is_some() => return,
-            _ => BTreeSet::new(),
+            // Unknown holders: publish nothing new rather than call everything free.
+            Some(Err(_)) => return,
+            // No PodResources socket: nothing is known to hold a device (the flow does not
+            // wait for pods either).
+            None => BTreeSet::new(),
         };
         let text = layout_annotation(&self.state.borrow().inventory, &held, applied);
         if self.layout.as_deref() != Some(text.as_str()) {

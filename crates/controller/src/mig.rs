@@ -414,19 +414,15 @@ impl Mig {
             Ok(m) => m.clone(),
             Err(p) => p.into_inner().clone(),
         };
-        let d = if pods.is_empty() {
-            // Nothing to serve; failures are still remembered for the back-off.
-            decide_mig(&mig_nodes, &[], &[], &mut mem, now, &self.opts.decision)
-        } else {
-            decide_mig(
-                &mig_nodes,
-                &pods,
-                &pools,
-                &mut mem,
-                now,
-                &self.opts.decision,
-            )
-        };
+        // Also without pending pods: failures are remembered for the back-off.
+        let d = decide_mig(
+            &mig_nodes,
+            &pods,
+            &pools,
+            &mut mem,
+            now,
+            &self.opts.decision,
+        );
         if !dry_run {
             for n in nodes {
                 if let Some(ev) = self.revert_failed(client, n).await {
