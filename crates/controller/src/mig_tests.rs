@@ -55,11 +55,13 @@ fn the_view_reads_the_agents_layout_and_states_and_only_single_profile_mig_pods(
         node("no-mig", &[], &[]),
         node("broken", &[], &[(LAYOUT_ANNOTATION, "{not json")]),
     ];
-    let mut snap = Snapshot::default();
-    snap.pending = vec![
-        mig_pod("default/a", "nvidia.com/mig-3g.40gb", 2),
-        mig_pod("default/whole", "nvidia.com/gpu", 1),
-    ];
+    let mut snap = Snapshot {
+        pending: vec![
+            mig_pod("default/a", "nvidia.com/mig-3g.40gb", 2),
+            mig_pod("default/whole", "nvidia.com/gpu", 1),
+        ],
+        ..Snapshot::default()
+    };
     snap.pending[1].gpu_count = 1;
     let (mig_nodes, pods, pools, problems) = view(&nodes, &snap);
     let names: Vec<&str> = mig_nodes.iter().map(|n| n.name.as_str()).collect();
@@ -217,12 +219,14 @@ fn mig_pool(replicas: u32) -> gpuops_autoscale::Pool {
 
 #[test]
 fn a_mig_pool_buys_once_and_its_launched_node_counts_until_it_publishes_a_layout() {
-    let mut snap = Snapshot::default();
-    snap.pending = vec![
-        mig_pod("default/a", "nvidia.com/mig-3g.40gb", 1),
-        mig_pod("default/b", "nvidia.com/mig-3g.40gb", 1),
-    ];
-    snap.pools = vec![mig_pool(0)];
+    let mut snap = Snapshot {
+        pending: vec![
+            mig_pod("default/a", "nvidia.com/mig-3g.40gb", 1),
+            mig_pod("default/b", "nvidia.com/mig-3g.40gb", 1),
+        ],
+        pools: vec![mig_pool(0)],
+        ..Snapshot::default()
+    };
     let cfg = MigConfig {
         batch_idle: std::time::Duration::ZERO,
         ..MigConfig::default()
