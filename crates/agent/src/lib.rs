@@ -169,6 +169,23 @@ impl Agent {
         let mut resync = Duration::from_secs(300);
         if let Some(k) = &config.kube {
             let client = k.client.client().await?;
+            if let Some((ns, name)) = k.mig.as_ref().and_then(|m| m.configmap.clone()) {
+                let (tx, rx) = watch::channel(None);
+                let ns_owned = ns.clone();
+                let c = client.clone();
+                tasks.push((
+                    "MIG ConfigMap watch",
+                    tokio::spawn(async move {
+                        gpuops_kube::watch_configmap(c, &ns_owned, name, tx).await;
+                    }),
+                ));
+                if let Some(file) = k.mig.as_ref().map(|m| m.config_file.clone()) {
+                    tasks.push((
+                        "MIG ConfigMap copy",
+                        tokio::spawn(mig::mirror_configmap(file, rx, stop_rx.clone())),
+                    ));
+                }
+            }
             resync = k.resync;
             let watch_client = client.clone();
             let name = config.node_name.clone();

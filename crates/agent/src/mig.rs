@@ -13,9 +13,11 @@
 //! ([`MigReport`]) and the node reconciler keeps them there, so a write that failed is made again.
 
 use crate::state::NodeState;
+use gpuops_inventory::Inventory;
 use gpuops_kube::{NodeWriter, now_secs, rfc3339};
-use k8s_openapi::api::core::v1::Node;
-use std::collections::BTreeMap;
+use gpuops_mig::config::NamedConfig;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +38,15 @@ pub const STATE_LABEL: &str = "nvidia.com/mig.config.state";
 pub const SINCE_ANNOTATION: &str = "gpuops.io/mig.config.state-since";
 /// Why the last apply failed.
 pub const REASON_ANNOTATION: &str = "gpuops.io/mig.config.reason";
+/// The GPUs' MIG layout and which instances pods hold, as JSON
+/// (`{"applied","model","gpus":[{"mig_enabled","busy","instances":[{"profile","start","busy"}]}]}`):
+/// what `gpuops controller` re-partitions from. Neither the labels nor allocatable say which
+/// GPU an instance is on, where it starts or whether a pod holds it.
+pub const LAYOUT_ANNOTATION: &str = "gpuops.io/mig.layout";
+/// How long a config the node label names may be missing from the config file before the
+/// change is reported failed: the label and the ConfigMap are written one after the other, and
+/// a mounted ConfigMap reaches the node only with the kubelet's next sync (a minute or more).
+const CONFIG_WAIT: Duration = Duration::from_secs(180);
 
 /// How the flow is set up.
 #[derive(Debug, Clone)]
@@ -55,7 +66,13 @@ pub struct FlowConfig {
     pub child_timeout: Duration,
     /// Where to ask which pods hold GPUs; `None` skips the wait.
     pub pod_socket: Option<PathBuf>,
+    /// Read the config file's text from this ConfigMap (`namespace`, `name`) through the API
+    /// and keep `config_file` a copy of it, instead of waiting for the kubelet's volume sync.
+    pub configmap: Option<(String, String)>,
 }
+
+/// The key of the mig-parted config in a ConfigMap (as the GPU Operator's `mig-parted-config`).
+pub const CONFIGMAP_KEY: &str = "config.yaml";
 
 /// State values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,11 +196,17 @@ pub(crate) async fn run(
         busy,
         report,
         reported: None,
+        state_meta: None,
+        layout: None,
     };
     // What was last applied successfully: (config name, config file text).
     let mut done: Option<(String, String)> = None;
     let mut failures = 0u32;
     let mut retry_at: Option<Instant> = None;
+    // The config file text of the last failed attempt: a new text is tried at once.
+    let mut failed_text: Option<String> = None;
+    // Since when the wanted config is missing from the file (name, since).
+    let mut missing: Option<(String, Instant)> = None;
     let mut first = true;
     let started = Instant::now();
     loop {
@@ -199,19 +222,37 @@ pub(crate) async fn run(
         let text = std::fs::read_to_string(&flow.cfg.config_file).unwrap_or_default();
         if let Some(name) = &wanted {
             let changed = done.as_ref() != Some(&(name.clone(), text.clone()));
+            if failed_text.as_ref().is_some_and(|t| *t != text) {
+                retry_at = None;
+            }
             let due = retry_at.is_none_or(|t| Instant::now() >= t);
-            if changed && due {
-                match flow.attempt(name).await {
+            let absent = config_absent(&text, name, &flow.cfg.config_file);
+            let waiting = match (&missing, absent) {
+                (_, false) => {
+                    missing = None;
+                    false
+                }
+                (Some((n, since)), true) if n == name => since.elapsed() < CONFIG_WAIT,
+                (_, true) => {
+                    tracing::info!(config = %name, "MIG config {name} is not in {} yet; waiting up to {CONFIG_WAIT:?} for it", flow.cfg.config_file.display());
+                    missing = Some((name.clone(), Instant::now()));
+                    true
+                }
+            };
+            if changed && due && !waiting {
+                match flow.attempt(name, &text).await {
                     Ok(()) => {
                         done = Some((name.clone(), text));
                         failures = 0;
                         retry_at = None;
+                        failed_text = None;
                     }
                     Err(()) => {
                         failures += 1;
                         let wait = backoff(failures, flow.cfg.backoff_min, flow.cfg.backoff_max);
                         tracing::warn!(config = %name, attempt = failures, retry_in = ?wait, "MIG config {name}: retrying in {wait:?} (attempt {failures} failed)");
                         retry_at = Some(Instant::now() + wait);
+                        failed_text = Some(text);
                     }
                 }
             }
@@ -220,6 +261,8 @@ pub(crate) async fn run(
             retry_at = None;
             failures = 0;
         }
+        flow.publish_layout(done.as_ref().map(|(n, _)| n.as_str()))
+            .await;
         // Without the node's labels (API unreachable) the resources come back after a while:
         // waiting for the apiserver must not keep the GPUs from pods.
         if first && (node_labels.is_some() || started.elapsed() > Duration::from_secs(30)) {
@@ -246,6 +289,107 @@ pub(crate) async fn run(
     }
 }
 
+/// Keeps `file` a copy of the config key of the ConfigMap followed in `cm` (written atomically,
+/// only when it differs), so the flow and its `gpuops mig` children read a file either way.
+pub(crate) async fn mirror_configmap(
+    file: PathBuf,
+    mut cm: watch::Receiver<Option<Arc<ConfigMap>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut missing_logged = false;
+    loop {
+        let text = cm
+            .borrow_and_update()
+            .as_ref()
+            .map(|c| c.data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY)).cloned());
+        match text {
+            Some(Some(text)) => {
+                missing_logged = false;
+                if std::fs::read_to_string(&file).ok().as_deref() != Some(text.as_str()) {
+                    match gpuops_atomicfile::write(&file, &text) {
+                        Ok(()) => {
+                            tracing::info!(file = %file.display(), "MIG config file {} updated from its ConfigMap", file.display())
+                        }
+                        Err(e) => {
+                            tracing::warn!(file = %file.display(), error = %e, "writing MIG config file {}: {e}", file.display())
+                        }
+                    }
+                }
+            }
+            Some(None) if !missing_logged => {
+                missing_logged = true;
+                tracing::warn!("the MIG ConfigMap has no key {CONFIGMAP_KEY}");
+            }
+            _ => {}
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            changed = cm.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Whether `text` is a valid config file that lacks config `name` (then it may still be on
+/// its way; a file that does not parse is reported by the attempt as it is).
+fn config_absent(text: &str, name: &str, file: &std::path::Path) -> bool {
+    gpuops_mig::config::parse(text, &file.display().to_string())
+        .is_ok_and(|all| all.configs.iter().all(|c| c.name != name))
+}
+
+/// The devices an apply of `named` would destroy, or take away with a MIG mode change: the
+/// UUIDs of MIG devices leaving and of every GPU whose mode flips (with its MIG devices).
+/// `None` when the plan cannot be made here (then every device counts).
+fn touched_devices(inv: &Inventory, named: &NamedConfig) -> Option<BTreeSet<String>> {
+    let targets = gpuops_mig::apply::targets_of(named, inv).ok()?;
+    let plans = gpuops_mig::apply::plan_node(inv, &targets).ok()?;
+    let mut out = BTreeSet::new();
+    for p in &plans {
+        let gpu = inv.gpus.iter().find(|g| g.index == p.gpu)?;
+        if p.mode_changes() {
+            out.insert(gpu.uuid.clone());
+            out.extend(gpu.mig_devices.iter().map(|m| m.uuid.clone()));
+            continue;
+        }
+        for d in &p.plan.destroy {
+            out.extend(
+                gpu.mig_devices
+                    .iter()
+                    .filter(|m| m.ci_profile == d.profile && m.placement_start == d.start)
+                    .map(|m| m.uuid.clone()),
+            );
+        }
+    }
+    Some(out)
+}
+
+/// The [`LAYOUT_ANNOTATION`] value: per GPU its MIG mode and instances, and which of them
+/// (or which whole GPU) a pod holds.
+fn layout_annotation(inv: &Inventory, held: &BTreeSet<String>, applied: Option<&str>) -> String {
+    let gpus: Vec<serde_json::Value> = inv
+        .gpus
+        .iter()
+        .map(|g| {
+            let mut instances: Vec<&gpuops_inventory::MigDevice> = g.mig_devices.iter().collect();
+            instances.sort_by_key(|m| m.placement_start);
+            serde_json::json!({
+                "mig_enabled": g.mig.current_enabled,
+                "busy": held.contains(&g.uuid),
+                "instances": instances.iter().map(|m| serde_json::json!({
+                    "profile": m.ci_profile,
+                    "start": m.placement_start,
+                    "busy": held.contains(&m.uuid),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let model = inv
+        .gpus
+        .iter()
+        .find_map(|g| g.model.clone())
+        .unwrap_or_default();
+    serde_json::json!({"applied": applied, "model": model, "gpus": gpus}).to_string()
+}
+
 struct Flow {
     cfg: FlowConfig,
     node: NodeWriter,
@@ -254,6 +398,10 @@ struct Flow {
     report: watch::Sender<Option<MigReport>>,
     /// The state and reason last written.
     reported: Option<(State, String)>,
+    /// The state label and annotations last reported.
+    state_meta: Option<(BTreeMap<String, String>, BTreeMap<String, String>)>,
+    /// The layout annotation last published.
+    layout: Option<String>,
 }
 
 impl Flow {
@@ -270,8 +418,8 @@ impl Flow {
         args
     }
 
-    /// One try at making the GPUs match config `name`.
-    async fn attempt(&mut self, name: &str) -> Result<(), ()> {
+    /// One try at making the GPUs match config `name` of the config file `text`.
+    async fn attempt(&mut self, name: &str, text: &str) -> Result<(), ()> {
         let dry_run = self
             .child(&self.mig_args("apply", name, &["--dry-run"]))
             .await;
@@ -308,8 +456,15 @@ impl Flow {
                     ),
                 )
                 .await;
+                // Only the pods on devices the change takes away are waited for: instances
+                // that stay keep running (and their pods) through the change.
+                let touched =
+                    gpuops_mig::config::parse(text, &self.cfg.config_file.display().to_string())
+                        .ok()
+                        .and_then(|all| all.get(name).ok().cloned())
+                        .and_then(|named| touched_devices(&self.state.borrow().inventory, &named));
                 self.busy.send_replace(true);
-                let result = match self.wait_for_gpu_pods().await {
+                let result = match self.wait_for_gpu_pods(touched.as_ref()).await {
                     Err(holders) => Err(format!(
                         "timed out after {:?} waiting for pods using this node's GPUs to finish ({holders}); nothing was changed and the GPUs are advertised again",
                         self.cfg.drain_timeout
@@ -342,40 +497,79 @@ impl Flow {
         }
     }
 
-    /// Waits until no pod holds one of this node's GPUs or MIG devices; `Err` names the holders
-    /// at the timeout.
-    async fn wait_for_gpu_pods(&self) -> Result<(), String> {
-        let Some(socket) = self.cfg.pod_socket.clone() else {
-            return Ok(());
+    /// Which pods hold which of this node's devices: (device UUID, `namespace/pod`); `Err` when
+    /// the kubelet does not answer. `None` without a PodResources socket.
+    async fn holders(&self) -> Option<Result<Vec<(String, String)>, String>> {
+        let socket = self.cfg.pod_socket.clone()?;
+        let listed = tokio::time::timeout(
+            Duration::from_secs(10),
+            crate::podresources::list_pod_resources(&socket, None),
+        )
+        .await
+        .unwrap_or_else(|_| Err("no answer within 10s".into()));
+        Some(listed.map(|(assignments, _)| {
+            let inv = Arc::clone(&self.state.borrow().inventory);
+            let map = gpuops_metrics::PodMap::build(assignments.iter().cloned(), &inv);
+            let mut out = Vec::new();
+            for a in &assignments {
+                for id in &a.device_ids {
+                    let uuid = gpuops_metrics::pods::strip_replica(id);
+                    if !map.holders(uuid).is_empty() {
+                        out.push((uuid.to_string(), format!("{}/{}", a.namespace, a.pod)));
+                    }
+                }
+            }
+            out
+        }))
+    }
+
+    /// Publishes the layout annotation when it changed (pods came or went, the layout moved).
+    async fn publish_layout(&mut self, applied: Option<&str>) {
+        let held: BTreeSet<String> = match self.holders().await {
+            Some(Ok(h)) => h.into_iter().map(|(uuid, _)| uuid).collect(),
+            // Unknown holders: publish nothing new rather than call everything free.
+            Some(Err(_)) => return,
+            // No PodResources socket: nothing is known to hold a device (the flow does not
+            // wait for pods either).
+            None => BTreeSet::new(),
         };
+        let text = layout_annotation(&self.state.borrow().inventory, &held, applied);
+        if self.layout.as_deref() != Some(text.as_str()) {
+            self.layout = Some(text);
+            self.send();
+        }
+    }
+
+    fn send(&self) {
+        let (labels, mut annotations) = self.state_meta.clone().unwrap_or_default();
+        if let Some(l) = &self.layout {
+            annotations.insert(LAYOUT_ANNOTATION.to_string(), l.clone());
+        }
+        self.report.send_replace(Some(MigReport {
+            labels,
+            annotations,
+        }));
+    }
+
+    /// Waits until no pod holds one of `touched` (every device of the node when `None`);
+    /// `Err` names the holders at the timeout.
+    async fn wait_for_gpu_pods(&self, touched: Option<&BTreeSet<String>>) -> Result<(), String> {
         let deadline = Instant::now() + self.cfg.drain_timeout;
         loop {
-            let listed = tokio::time::timeout(
-                Duration::from_secs(10),
-                crate::podresources::list_pod_resources(&socket, None),
-            )
-            .await
-            .unwrap_or_else(|_| Err("no answer within 10s".into()));
-            let holders = match listed {
-                Ok((assignments, _)) => {
-                    let inv = Arc::clone(&self.state.borrow().inventory);
-                    let map = gpuops_metrics::PodMap::build(assignments.iter().cloned(), &inv);
-                    let mut names: Vec<String> = assignments
-                        .iter()
-                        .filter(|a| {
-                            a.device_ids.iter().any(|id| {
-                                !map.holders(gpuops_metrics::pods::strip_replica(id))
-                                    .is_empty()
-                            })
-                        })
-                        .map(|a| format!("{}/{}", a.namespace, a.pod))
+            let holders = match self.holders().await {
+                None => return Ok(()),
+                Some(Ok(h)) => {
+                    let mut names: Vec<String> = h
+                        .into_iter()
+                        .filter(|(uuid, _)| touched.is_none_or(|t| t.contains(uuid)))
+                        .map(|(_, pod)| pod)
                         .collect();
                     names.sort();
                     names.dedup();
                     names
                 }
                 // The kubelet not answering is no proof that GPUs are free.
-                Err(e) => vec![format!("kubelet PodResources: {e}")],
+                Some(Err(e)) => vec![format!("kubelet PodResources: {e}")],
             };
             if holders.is_empty() {
                 return Ok(());
@@ -401,10 +595,8 @@ impl Flow {
             annotations.insert(REASON_ANNOTATION.to_string(), truncate(message, 1000));
         }
         tracing::info!(config = %name, state = state.label(), "MIG config {name}: {} ({message})", state.label());
-        self.report.send_replace(Some(MigReport {
-            labels,
-            annotations,
-        }));
+        self.state_meta = Some((labels, annotations));
+        self.send();
         let reason = match state {
             State::Pending => "MIGConfigPending",
             State::Success => "MIGConfigApplied",
@@ -470,6 +662,121 @@ mod tests {
         let waits: Vec<u64> = (1..=7).map(|f| backoff(f, min, max).as_secs()).collect();
         assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300]);
         assert_eq!(backoff(u32::MAX, min, max), max);
+    }
+
+    fn a100(index: u32, mig: bool, devices: &[(&str, &str, u32)]) -> gpuops_inventory::Gpu {
+        gpuops_inventory::Gpu {
+            index,
+            uuid: format!("GPU-{index}"),
+            model: Some("A100-SXM4-80GB".into()),
+            mig: gpuops_inventory::MigState {
+                capable: true,
+                current_enabled: mig,
+                pending_enabled: mig,
+            },
+            mig_devices: devices
+                .iter()
+                .enumerate()
+                .map(|(j, (uuid, profile, start))| gpuops_inventory::MigDevice {
+                    uuid: (*uuid).into(),
+                    index: j as u32,
+                    profile: (*profile).into(),
+                    ci_profile: (*profile).into(),
+                    placement_start: *start,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn seven_1g() -> Vec<(String, &'static str, u32)> {
+        (0..7).map(|i| (format!("MIG-{i}"), "1g.10gb", i)).collect()
+    }
+
+    fn inventory() -> Inventory {
+        let devices = seven_1g();
+        let d: Vec<(&str, &str, u32)> = devices
+            .iter()
+            .map(|(u, p, s)| (u.as_str(), *p, *s))
+            .collect();
+        Inventory {
+            gpus: vec![a100(0, true, &d), a100(1, false, &[])],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_layout_annotation_says_per_gpu_where_each_instance_is_and_which_a_pod_holds() {
+        let inv = Inventory {
+            gpus: vec![
+                a100(0, true, &[("MIG-b", "3g.40gb", 4), ("MIG-a", "1g.10gb", 0)]),
+                a100(1, false, &[]),
+            ],
+            ..Default::default()
+        };
+        let held = BTreeSet::from(["MIG-b".to_string(), "GPU-1".to_string()]);
+        let v: serde_json::Value =
+            serde_json::from_str(&layout_annotation(&inv, &held, Some("mixed"))).unwrap();
+        assert_eq!(v["applied"], "mixed");
+        assert_eq!(v["model"], "A100-SXM4-80GB");
+        let g0 = &v["gpus"][0];
+        assert_eq!(g0["mig_enabled"], true);
+        assert_eq!(g0["instances"][0]["profile"], "1g.10gb");
+        assert_eq!(g0["instances"][0]["start"], 0);
+        assert_eq!(g0["instances"][0]["busy"], false);
+        assert_eq!(g0["instances"][1]["profile"], "3g.40gb");
+        assert_eq!(g0["instances"][1]["busy"], true);
+        assert_eq!(v["gpus"][1]["mig_enabled"], false);
+        assert_eq!(v["gpus"][1]["busy"], true);
+        let none: serde_json::Value =
+            serde_json::from_str(&layout_annotation(&inv, &BTreeSet::new(), None)).unwrap();
+        assert!(none["applied"].is_null());
+    }
+
+    fn named(yaml: &str) -> NamedConfig {
+        gpuops_mig::config::parse(yaml, "test")
+            .unwrap()
+            .get("c")
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn only_the_devices_a_change_takes_away_are_touched() {
+        let inv = inventory();
+        // GPU 0: four 1g.10gb stay, the three at 4..6 make room for a 3g.40gb; GPU 1 stays off.
+        let c = named(
+            "version: v1\nmig-configs:\n  c:\n  - devices: [0]\n    mig-enabled: true\n    mig-devices:\n      1g.10gb: 4\n      3g.40gb: 1\n  - devices: [1]\n    mig-enabled: false\n",
+        );
+        let t = touched_devices(&inv, &c).unwrap();
+        assert_eq!(
+            t,
+            BTreeSet::from(["MIG-4".to_string(), "MIG-5".into(), "MIG-6".into()])
+        );
+        // Turning MIG on takes the whole GPU away.
+        let c = named(
+            "version: v1\nmig-configs:\n  c:\n  - devices: [0]\n    mig-enabled: true\n    mig-devices:\n      1g.10gb: 7\n  - devices: [1]\n    mig-enabled: true\n    mig-devices:\n      7g.80gb: 1\n",
+        );
+        assert_eq!(
+            touched_devices(&inv, &c).unwrap(),
+            BTreeSet::from(["GPU-1".to_string()])
+        );
+        // A config this node cannot take: no plan, so every device counts.
+        let c = named(
+            "version: v1\nmig-configs:\n  c:\n  - devices: all\n    mig-enabled: true\n    mig-devices:\n      7g.80gb: 2\n",
+        );
+        assert!(touched_devices(&inv, &c).is_none());
+    }
+
+    #[test]
+    fn a_config_is_absent_only_from_a_file_that_parses() {
+        let file = std::path::Path::new("/tmp/x.yaml");
+        let text = "version: v1\nmig-configs:\n  all-disabled:\n  - devices: all\n    mig-enabled: false\n";
+        assert!(config_absent(text, "gpuops-1", file));
+        assert!(!config_absent(text, "all-disabled", file));
+        // Not parseable: the attempt reports why, nothing is waited for.
+        assert!(!config_absent("mig-configs: [", "gpuops-1", file));
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct NodeSettings {
     pub startup_taint: String,
     pub mig_config_file: Option<PathBuf>,
     pub mig_default_config: Option<String>,
+    /// `NAMESPACE/NAME`: keep `mig_config_file` a copy of this ConfigMap, read through the API.
+    pub mig_config_configmap: Option<String>,
     pub mig_drain_timeout: Duration,
     pub mig_retry: Duration,
     pub mig_child_timeout: Duration,
@@ -80,6 +82,24 @@ pub fn kube_config(
             resync: s.node_resync,
         }));
     }
+    let configmap = match &s.mig_config_configmap {
+        None => None,
+        Some(v) => match v.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Some((ns.to_string(), name.to_string()))
+            }
+            _ => {
+                return Err(AgentError::Invalid(format!(
+                    "--mig-config-configmap {v:?}: expected NAMESPACE/NAME"
+                )));
+            }
+        },
+    };
+    if configmap.is_some() && s.mig_config_file.is_none() {
+        return Err(AgentError::Invalid(
+            "--mig-config-configmap needs --mig-config-file (where the copy is kept)".into(),
+        ));
+    }
     let mig = match &s.mig_config_file {
         Some(file) => {
             // A config file that cannot be read now is reported, not fatal: a ConfigMap may
@@ -98,6 +118,7 @@ pub fn kube_config(
                 gpu_flags: gpus.mig_child_flags(),
                 child_timeout: s.mig_child_timeout,
                 pod_socket,
+                configmap,
             })
         }
         None => None,
@@ -378,6 +399,7 @@ mod tests {
             startup_taint: crate::DEFAULT_STARTUP_TAINT.into(),
             mig_config_file: None,
             mig_default_config: None,
+            mig_config_configmap: None,
             mig_drain_timeout: Duration::from_secs(300),
             mig_retry: Duration::from_secs(30),
             mig_child_timeout: Duration::from_secs(600),
@@ -388,6 +410,40 @@ mod tests {
 
     fn program() -> std::io::Result<PathBuf> {
         Ok(PathBuf::from("/usr/bin/gpuops"))
+    }
+
+    #[test]
+    fn a_mig_config_configmap_is_namespace_slash_name_and_needs_the_file() {
+        let mut s = settings();
+        s.mig_config_file = Some(PathBuf::from("/tmp/mig.yaml"));
+        s.mig_config_configmap = Some("gpuops/gpuops-mig-config".into());
+        let k = kube_config(&s, false, &GpuOrigin::default(), None, program)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            k.mig.unwrap().configmap,
+            Some(("gpuops".to_string(), "gpuops-mig-config".to_string()))
+        );
+        for bad in ["gpuops-mig-config", "/name", "ns/", "a/b/c"] {
+            s.mig_config_configmap = Some(bad.into());
+            let e = kube_config(&s, false, &GpuOrigin::default(), None, program)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                e.contains("--mig-config-configmap")
+                    && e.contains(bad)
+                    && e.contains("NAMESPACE/NAME"),
+                "{bad}: {e}"
+            );
+        }
+        s.mig_config_file = None;
+        s.mig_config_configmap = Some("gpuops/gpuops-mig-config".into());
+        let e = kube_config(&s, false, &GpuOrigin::default(), None, program)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("needs --mig-config-file"), "{e}");
     }
 
     #[test]
@@ -441,6 +497,7 @@ mod tests {
         let with_mig = NodeSettings {
             mig_config_file: Some(PathBuf::from("/etc/gpuops/mig.yaml")),
             mig_default_config: Some("all-disabled".into()),
+            mig_config_configmap: None,
             ..settings()
         };
         let sim = GpuOrigin {

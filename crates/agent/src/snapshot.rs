@@ -113,9 +113,11 @@ pub(crate) async fn run(
         // While a read is in flight the loop is only as alive as that read is young: a driver
         // call that never returns must age the beat from when it began, whatever else (the
         // lateness report, an XID) wakes the loop meanwhile.
-        let beat = in_flight.as_ref().map_or_else(monotonic_ms, |(_, started, _)| {
-            monotonic_ms().saturating_sub(started.elapsed().as_millis() as u64)
-        });
+        let beat = in_flight
+            .as_ref()
+            .map_or_else(monotonic_ms, |(_, started, _)| {
+                monotonic_ms().saturating_sub(started.elapsed().as_millis() as u64)
+            });
         l.live.store(beat, Ordering::Relaxed);
         let late_at = in_flight
             .as_ref()

@@ -18,4 +18,7 @@ pub enum ControllerError {
     /// The GPU utilization feed (`--prometheus-url`).
     #[error("Prometheus {url}: {message}")]
     Prometheus { url: String, message: String },
+    /// A mig-parted config the MIG reconciler read or generated.
+    #[error("MIG config: {0}")]
+    Mig(String),
 }

@@ -6,6 +6,7 @@ pub mod act;
 pub mod clock;
 pub mod error;
 pub mod metrics;
+pub mod mig;
 pub mod prom;
 pub mod run;
 pub mod snapshot;

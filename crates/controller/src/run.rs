@@ -42,6 +42,8 @@ pub struct ControllerConfig {
     pub dry_run: bool,
     /// Prometheus for measured GPU utilization (`None`: only the pod-based rule).
     pub prometheus: Option<crate::prom::Source>,
+    /// The MIG demand reconciler (`None`: off, MIG pods are left to the node-pool decision).
+    pub mig: Option<crate::mig::MigOptions>,
 }
 
 /// Events published at once per pass.
@@ -130,6 +132,7 @@ struct Ctx {
     mds: Store<DynamicObject>,
     machines: Store<DynamicObject>,
     gpu_util: Option<Arc<crate::prom::Feed>>,
+    mig: Option<crate::mig::Mig>,
 }
 
 /// Runs until `shutdown` turns true.
@@ -217,6 +220,7 @@ pub async fn run(
         metrics: metrics.clone(),
         cfg: cfg.clone(),
         gpu_util,
+        mig: cfg.mig.clone().map(crate::mig::Mig::new),
     };
 
     // Ready once every cache has its first list; a missing CRD keeps the controller unready
@@ -327,6 +331,9 @@ async fn pass(
     let (now, jumped) = clock.read();
     if let Some(delta_ms) = jumped {
         state.shift(delta_ms);
+        if let Some(m) = &ctx.mig {
+            m.shift(delta_ms);
+        }
         tracing::warn!(
             delta_ms,
             "the wall clock jumped: idle timers and back-offs keep the time they had left"
@@ -349,7 +356,7 @@ async fn pass(
         }
         None => HashMap::new(),
     };
-    let (snap, errors) = snapshot::build(
+    let (mut snap, errors) = snapshot::build(
         &Objects {
             machine_deployments: &mds,
             machines: &machines,
@@ -360,6 +367,16 @@ async fn pass(
         },
         now,
     );
+    let mut mig = match &ctx.mig {
+        Some(m) => {
+            let (client, ns) = (&ctx.client, &ctx.cfg.namespace);
+            Some(
+                m.pass(client, ns, &nodes, &mut snap, now, ctx.cfg.dry_run)
+                    .await,
+            )
+        }
+        None => None,
+    };
     let started = std::time::Instant::now();
     let d = gpuops_autoscale::decide(&snap, state, now, &ctx.cfg.decision);
     let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -395,6 +412,19 @@ async fn pass(
     if !ctx.cfg.dry_run {
         apply(ctx, &d, &by_name, &mut first_error).await;
     }
+    if let Some(mp) = &mut mig {
+        let extra = Decision {
+            scale_ups: std::mem::take(&mut mp.scale_ups),
+            ..Decision::default()
+        };
+        if !ctx.cfg.dry_run {
+            apply(ctx, &extra, &by_name, &mut first_error).await;
+        }
+        if let Some(e) = mp.error.take() {
+            tracing::warn!(error = %e, "MIG action failed; retried next pass");
+            first_error.get_or_insert(e);
+        }
+    }
     let invalid: Vec<AEvent> = errors
         .iter()
         .map(|e| AEvent {
@@ -406,7 +436,8 @@ async fn pass(
         .collect();
     // Several at a time: 10,000 new pending pods are 10,000 events, one by one most of a
     // minute before the status is written.
-    futures::stream::iter(d.events.iter().chain(&invalid))
+    let mig_events: &[AEvent] = mig.as_ref().map_or(&[], |mp| mp.events.as_slice());
+    futures::stream::iter(d.events.iter().chain(&invalid).chain(mig_events))
         .for_each_concurrent(EVENTS_IN_PARALLEL, |e| {
             let by_name = &by_name;
             async move {
@@ -416,7 +447,10 @@ async fn pass(
             }
         })
         .await;
-    let st = status::build(&snap, &error_texts, &d, now, &ctx.cfg.identity, previous);
+    let mut st = status::build(&snap, &error_texts, &d, now, &ctx.cfg.identity, previous);
+    if let Some(mp) = &mig {
+        status::add_mig(&mut st, mp);
+    }
     write_status(ctx, &st).await?;
     match first_error {
         Some(e) => Err(e),

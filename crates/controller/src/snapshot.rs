@@ -43,7 +43,7 @@ fn ts_ms(v: &Value) -> Option<Millis> {
 }
 
 /// Milliseconds since the epoch of an RFC 3339 timestamp.
-fn parse_rfc3339(s: &str) -> Option<Millis> {
+pub(crate) fn parse_rfc3339(s: &str) -> Option<Millis> {
     // Enough for what the API server writes (`2025-01-01T00:00:00Z`, optional fraction).
     let (date, time) = s.trim_end_matches('Z').split_once('T')?;
     let mut d = date.split('-').map(|p| p.parse::<i64>().ok());

@@ -34,6 +34,9 @@ pub struct Status {
     pub blocked: Vec<BlockedStatus>,
     /// The most recent actions, newest first.
     pub decisions: Vec<String>,
+    /// MIG changes under way or failed (the MIG demand reconciler's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_changes: Vec<crate::mig::MigChangeStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,7 +194,59 @@ pub fn build(
         pending_total,
         blocked,
         decisions,
+        mig_changes: Vec::new(),
     }
+}
+
+/// Adds the MIG reconciler's pass: its pending pods, its changes in the history, and the
+/// changes under way.
+pub fn add_mig(s: &mut Status, pass: &crate::mig::MigPass) {
+    let d = &pass.decision;
+    let mut plans: Vec<(String, &str, String)> = Vec::new();
+    for c in &d.changes {
+        for p in &c.pods {
+            plans.push((p.clone(), "mig-repartition", c.message.clone()));
+        }
+    }
+    for su in &d.scale_ups {
+        for p in &su.pods {
+            plans.push((p.clone(), "new-node", su.message.clone()));
+        }
+    }
+    for p in &d.served_by_free {
+        plans.push((
+            p.clone(),
+            "existing",
+            "a free MIG device exists; the scheduler binds it".into(),
+        ));
+    }
+    for p in &d.waiting {
+        plans.push((
+            p.clone(),
+            "waiting",
+            "MIG demand batch still open, or a change under way".into(),
+        ));
+    }
+    for (p, why) in &d.unserved {
+        plans.push((p.clone(), "unschedulable", why.clone()));
+    }
+    s.pending
+        .extend(plans.into_iter().map(|(pod, plan, message)| PendingStatus {
+            pod,
+            plan: plan.into(),
+            message,
+        }));
+    let mut new: Vec<String> = d
+        .changes
+        .iter()
+        .map(|c| c.message.clone())
+        .chain(d.scale_ups.iter().map(|su| su.message.clone()))
+        .map(|m| format!("{} {m}", s.time))
+        .collect();
+    new.append(&mut s.decisions);
+    new.truncate(HISTORY);
+    s.decisions = new;
+    s.mig_changes = pass.status.clone();
 }
 
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -288,6 +343,23 @@ pub fn render_table(s: &Status) -> String {
             .map(|b| vec![b.node.clone(), b.reason.clone()])
             .collect();
         out.push_str(&table(&["KEPT NODE", "WHY NOT REMOVED"], &rows));
+        out.push('\n');
+    }
+    if !s.mig_changes.is_empty() {
+        let rows: Vec<Vec<String>> = s
+            .mig_changes
+            .iter()
+            .map(|c| {
+                vec![
+                    c.node.clone(),
+                    c.from.clone(),
+                    c.to.clone(),
+                    c.state.clone(),
+                    c.message.clone(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["NODE", "MIG FROM", "TO", "STATE", "WHY"], &rows));
         out.push('\n');
     }
     if s.decisions.is_empty() {

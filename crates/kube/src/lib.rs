@@ -17,7 +17,7 @@ pub use error::KubeError;
 pub use lease::{LeaseOptions, elect};
 pub use node::{NodeWriter, TaintWanted};
 pub use time::{now_secs, rfc3339};
-pub use watch::{list_all, strip_managed_fields, watch_node};
+pub use watch::{list_all, strip_managed_fields, watch_configmap, watch_node};
 
 pub use k8s_openapi;
 pub use kube;

@@ -1,7 +1,7 @@
-//! Watches and lists: one node followed into a `watch` channel, paged lists of anything.
+//! Watches and lists: one node or ConfigMap followed into a `watch` channel, paged lists of anything.
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
@@ -22,29 +22,50 @@ pub fn strip_managed_fields<K: Resource>(mut object: K) -> K {
 /// Follows node `name` into `tx` (`None` until it was read once), re-watching with kube's
 /// backoff after errors. Returns when every receiver is gone.
 pub async fn watch_node(client: kube::Client, name: String, tx: watch::Sender<Option<Arc<Node>>>) {
-    let api: Api<Node> = Api::all(client);
+    watch_named(Api::all(client), "node", name, tx).await;
+}
+
+/// Follows ConfigMap `namespace/name` into `tx`, as [`watch_node`] does a node. Its watch asks
+/// for the one name, so `get`/`list`/`watch` limited to it by `resourceNames` are enough.
+pub async fn watch_configmap(
+    client: kube::Client,
+    namespace: &str,
+    name: String,
+    tx: watch::Sender<Option<Arc<ConfigMap>>>,
+) {
+    watch_named(Api::namespaced(client, namespace), "ConfigMap", name, tx).await;
+}
+
+async fn watch_named<K>(
+    api: Api<K>,
+    kind: &'static str,
+    name: String,
+    tx: watch::Sender<Option<Arc<K>>>,
+) where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+{
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut nodes = watcher(api, config)
+    let mut objects = watcher(api, config)
         .default_backoff()
         .applied_objects()
         .boxed();
     let mut failing = false;
     loop {
         let next = tokio::select! {
-            next = nodes.next() => next,
+            next = objects.next() => next,
             () = tx.closed() => return,
         };
         match next {
-            Some(Ok(node)) => {
+            Some(Ok(object)) => {
                 if std::mem::take(&mut failing) {
-                    tracing::info!(node = %name, "watching the node again");
+                    tracing::info!(name = %name, "watching the {kind} again");
                 }
-                tx.send_replace(Some(Arc::new(strip_managed_fields(node))));
+                tx.send_replace(Some(Arc::new(strip_managed_fields(object))));
             }
             Some(Err(e)) => {
                 // Logged once per outage; the watcher keeps retrying with backoff.
                 if !std::mem::replace(&mut failing, true) {
-                    tracing::warn!(node = %name, error = %e, "watching the node failed; retrying with backoff");
+                    tracing::warn!(name = %name, error = %e, "watching the {kind} failed; retrying with backoff");
                 }
             }
             None => return,

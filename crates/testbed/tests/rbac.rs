@@ -38,7 +38,9 @@ const EXTENDER: &[Grant<'static>] = &[
 /// MachineDeployments and Machines; cordon (patch nodes); evictions; a Machine read and annotated
 /// before its pool's scale subresource is lowered; events.k8s.io Events (kube's Recorder creates,
 /// then patches a repeat); in its own namespace the leader Lease (kube-lease-manager: get, create,
-/// patch) and the status ConfigMap (server-side apply: patch, create the first time).
+/// patch) and the status ConfigMap (server-side apply: patch, create the first time). The MIG
+/// reconciler also reads the agents' MIG ConfigMap by name ([`CONTROLLER_NAMED`]) and merges
+/// its configs in with the patch it already has, and labels nodes (patch).
 /// crates/controller/tests/e2e_controller.rs runs the controller on this chart's role.
 const CONTROLLER: &[Grant<'static>] = &[
     ("", "nodes", &["list", "watch", "patch"], None),
@@ -72,6 +74,16 @@ const CONTROLLER: &[Grant<'static>] = &[
     ),
     ("", "configmaps", &["create", "patch"], Some("gpuops")),
 ];
+
+/// What may be done to one object granted by `resourceNames`, which the unnamed questions of
+/// `assert_exact_access` cannot see: (resource, namespace, name, verbs). `get` is the named
+/// grant; create and patch come from the namespace-wide ConfigMap grant.
+const CONTROLLER_NAMED: &[(&str, &str, &str, &[&str])] = &[(
+    "configmaps",
+    "gpuops",
+    "gpuops-mig-config",
+    &["get", "create", "patch"],
+)];
 
 /// Every hostPath the chart mounts; SECURITY.md says why each is needed.
 const HOST_PATHS: &[&str] = &[
@@ -174,6 +186,8 @@ fn controller_manifest() -> String {
             "gpuops",
             "--set",
             "controller.enabled=true",
+            "--set",
+            "controller.mig.enabled=true",
             "--show-only",
             "templates/controller.yaml",
         ])
@@ -365,11 +379,34 @@ fn the_controller_may_do_exactly_what_it_needs() {
             "default",
         ],
         &["get", "leases", "-n", "kube-system"],
+        &["get", "configmap", "other", "-n", "gpuops"],
     ] {
         assert!(
             rbac::forbidden(&cluster, &user, args).unwrap(),
             "controller: kubectl {args:?} was not Forbidden"
         );
+    }
+    for (resource, ns, name, verbs) in CONTROLLER_NAMED {
+        for verb in rbac::VERBS {
+            let allowed = cluster
+                .kubectl_as(
+                    &user,
+                    &[
+                        "auth",
+                        "can-i",
+                        verb,
+                        &format!("{resource}/{name}"),
+                        "-n",
+                        ns,
+                    ],
+                )
+                .is_ok_and(|a| a.trim() == "yes");
+            assert_eq!(
+                allowed,
+                verbs.contains(verb),
+                "controller: {verb} {resource}/{name} in {ns}"
+            );
+        }
     }
 }
 

@@ -63,6 +63,7 @@ impl Controller {
             metrics_address: metrics,
             dry_run: false,
             prometheus: None,
+            mig: None,
         };
         edit(&mut config);
         let thread = std::thread::spawn(move || {

@@ -134,6 +134,14 @@ pub struct NodeFlags {
     /// advertises anything (so no pod lands on the wrong layout).
     #[arg(long, env = "GPUOPS_MIG_DEFAULT_CONFIG", value_name = "NAME")]
     mig_default_config: Option<String>,
+    /// Keep --mig-config-file a copy of this ConfigMap's config.yaml, read and watched through
+    /// the API (a change is seen in seconds, not at the kubelet's next volume sync).
+    #[arg(
+        long,
+        env = "GPUOPS_MIG_CONFIG_CONFIGMAP",
+        value_name = "NAMESPACE/NAME"
+    )]
+    mig_config_configmap: Option<String>,
     /// How long a MIG change waits for pods using the GPUs before it gives up (state failed,
     /// resources restored, retried with backoff).
     #[arg(long, env = "GPUOPS_MIG_DRAIN_TIMEOUT", default_value = "5m", value_parser = super::parse_duration)]
@@ -493,6 +501,7 @@ impl NodeFlags {
             startup_taint: self.startup_taint.clone(),
             mig_config_file: self.mig_config_file.clone(),
             mig_default_config: self.mig_default_config.clone(),
+            mig_config_configmap: self.mig_config_configmap.clone(),
             mig_drain_timeout: self.mig_drain_timeout,
             mig_retry: self.mig_retry,
             mig_child_timeout: self.mig_child_timeout,

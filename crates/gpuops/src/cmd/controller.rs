@@ -82,6 +82,24 @@ pub struct Args {
     /// CA certificate (PEM) to trust for an https:// --prometheus-url, besides the system's.
     #[arg(long, requires = "prometheus_url")]
     prometheus_ca_file: Option<PathBuf>,
+    /// Re-partition MIG nodes for pending nvidia.com/mig-* pods (docs/autoscaling.md, MIG).
+    #[arg(long)]
+    mig: bool,
+    /// The agents' mig-parted ConfigMap (in --namespace) the chosen layouts are written into.
+    #[arg(long, default_value = "gpuops-mig-config")]
+    mig_configmap: String,
+    /// MIG demand counts once it waited this long and nothing newer arrived...
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    mig_batch_idle: Duration,
+    /// ...or once the oldest waited this long.
+    #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
+    mig_batch_max: Duration,
+    /// Minimum time between two MIG changes of one node.
+    #[arg(long, default_value = "10m", value_parser = super::parse_duration)]
+    mig_min_interval: Duration,
+    /// A node whose MIG change failed is not chosen again for this long.
+    #[arg(long, default_value = "30m", value_parser = super::parse_duration)]
+    mig_failed_backoff: Duration,
 }
 
 fn parse_url(s: &str) -> Result<String, String> {
@@ -134,6 +152,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 ca_file: args.prometheus_ca_file.clone(),
                 poll: gpuops_controller::prom::POLL,
             }),
+        mig: args.mig.then(|| gpuops_controller::mig::MigOptions {
+            configmap: args.mig_configmap.clone(),
+            decision: gpuops_autoscale::MigConfig {
+                batch_idle: args.mig_batch_idle,
+                batch_max: args.mig_batch_max,
+                min_interval: args.mig_min_interval,
+                failed_backoff: args.mig_failed_backoff,
+            },
+        }),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

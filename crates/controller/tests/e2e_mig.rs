@@ -1,0 +1,562 @@
+//! The MIG demand reconciler on the test bed: `gpuops controller --mig` in this process, a
+//! harness node running the real agent (`gpuops agent` on nvml-sim, MIG flow reading its
+//! config from the ConfigMap through the API) and the real scheduler.
+//!
+//! Needs GPUOPS_K8S_BIN and GPUOPS_CAPI_BIN and the `gpuops` binary built next to this test
+//! (scripts/test builds both in one `cargo test`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use gpuops_testbed::{Cluster, HarnessNode, wait_until};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+mod common;
+
+const CONFIGMAP: &str = "gpuops-mig-config";
+const NODE: &str = "mig-node";
+
+const MIG_CONFIGS: &str = "version: v1
+mig-configs:
+  all-disabled:
+  - devices: all
+    mig-enabled: false
+  all-1g.10gb:
+  - devices: all
+    mig-enabled: true
+    mig-devices:
+      1g.10gb: 7
+";
+
+/// The `gpuops` binary of this build (`target/<profile>/gpuops`, next to `deps/`).
+fn gpuops_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("gpuops"))
+        .unwrap();
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (cargo build -p gpuops --features test-hooks)",
+        bin.display()
+    );
+    bin
+}
+
+fn gpuops(args: &[&str]) -> String {
+    let o = Command::new(gpuops_binary()).args(args).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "gpuops {args:?}: {text}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(cluster: &Cluster, node: &HarnessNode, sim: &Path, env: &[(&str, &str)]) -> Agent {
+        let log = cluster.dir().join("agent.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(gpuops_binary());
+        cmd.arg("agent")
+            .args([
+                "--interval",
+                "1s",
+                "--node-name",
+                &node.name,
+                "--kubernetes",
+            ])
+            .arg("--sim-state")
+            .arg(sim)
+            .arg("--mig-config-file")
+            .arg(cluster.dir().join("mig-config.yaml"))
+            .args([
+                "--mig-config-configmap",
+                &format!("default/{CONFIGMAP}"),
+                "--mig-drain-timeout",
+                "10s",
+                "--mig-retry",
+                "2s",
+                "--node-resync",
+                "3s",
+            ])
+            .arg("--device-plugin-dir")
+            .arg(node.plugin_dir())
+            .arg("--pod-resources-socket")
+            .arg(node.pod_resources_socket())
+            .env("KUBECONFIG", cluster.kubeconfig())
+            .env("MIG_STRATEGY", "mixed")
+            .env("GPUOPS_METRICS_ADDRESS", "127.0.0.1:0")
+            .env_remove("MIG_PARTED_HOOKS_FILE")
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        // Its own process group: stopping it also stops a `gpuops mig apply` it started.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        Agent {
+            child: cmd.spawn().unwrap(),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn controller(cluster: &Cluster, mig: gpuops_autoscale::MigConfig) -> common::Controller {
+    common::Controller::start_with(cluster.kubeconfig(), "solo", false, |c| {
+        c.mig = Some(gpuops_controller::mig::MigOptions {
+            configmap: CONFIGMAP.into(),
+            decision: mig,
+        });
+    })
+}
+
+fn windows(min_interval: Duration, failed_backoff: Duration) -> gpuops_autoscale::MigConfig {
+    gpuops_autoscale::MigConfig {
+        // Creation times have whole seconds: an idle window of 1 s could split one burst into
+        // two batches.
+        batch_idle: Duration::from_secs(2),
+        batch_max: Duration::from_secs(6),
+        min_interval,
+        failed_backoff,
+    }
+}
+
+/// Waits until the controller published a status at least `after` past now: every pass it
+/// makes until then is one that could have acted.
+fn passes_for(cluster: &Cluster, after: Duration) {
+    let until = gpuops_kube::rfc3339(gpuops_kube::now_secs() + after.as_secs());
+    wait_until(
+        "the controller deciding past the window",
+        after + Duration::from_secs(60),
+        || {
+            serde_json::from_str::<serde_json::Value>(&status(cluster))
+                .ok()
+                .and_then(|s| s["time"].as_str().map(|t| t >= until.as_str()))
+                .unwrap_or(false)
+        },
+    )
+    .unwrap();
+}
+
+fn count(events: &str, reason: &str) -> usize {
+    events
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some(reason))
+        .count()
+}
+
+/// Re-partitions in the controller's decision history (a repeated event would be folded into
+/// one Event series; the history has a line per change).
+fn repartitions(cluster: &Cluster) -> usize {
+    serde_json::from_str::<serde_json::Value>(&status(cluster))
+        .ok()
+        .and_then(|s| {
+            s["decisions"].as_array().map(|d| {
+                d.iter()
+                    .filter(|l| {
+                        l.as_str()
+                            .is_some_and(|l| l.contains("re-partitioning node"))
+                    })
+                    .count()
+            })
+        })
+        .unwrap_or(0)
+}
+
+fn node_json(cluster: &Cluster) -> serde_json::Value {
+    cluster.get_json(&["node", NODE]).unwrap()
+}
+
+fn allocatable(cluster: &Cluster, resource: &str) -> i64 {
+    node_json(cluster)["status"]["allocatable"][resource]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn label(cluster: &Cluster, key: &str) -> Option<String> {
+    node_json(cluster)["metadata"]["labels"][key]
+        .as_str()
+        .map(str::to_string)
+}
+
+fn phase(cluster: &Cluster, pod: &str) -> String {
+    cluster
+        .kubectl(&["get", "pod", pod, "-o", "jsonpath={.status.phase}"])
+        .unwrap_or_default()
+}
+
+fn pod(name: &str, resource: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  containers:\n  - name: c\n    image: example.invalid/app:1\n    resources:\n      limits:\n        {resource}: \"1\"\n"
+    )
+}
+
+/// MIG device UUIDs on the simulated GPUs.
+fn mig_uuids(sim: &Path) -> Vec<String> {
+    let inv: serde_json::Value = serde_json::from_str(&gpuops(&[
+        "inventory",
+        "--sim-state",
+        sim.to_str().unwrap(),
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    inv["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["mig_devices"].as_array().cloned().unwrap_or_default())
+        .filter_map(|m| m["uuid"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn status(cluster: &Cluster) -> String {
+    cluster
+        .kubectl(&[
+            "get",
+            "configmap",
+            "gpuops-autoscaler-status",
+            "-o",
+            "jsonpath={.data.status\\.json}",
+        ])
+        .unwrap_or_default()
+}
+
+fn events(cluster: &Cluster) -> String {
+    cluster
+        .kubectl(&[
+            "get",
+            "events",
+            "-A",
+            "-o",
+            "custom-columns=R:.reason,O:.regarding.name,M:.note",
+        ])
+        .unwrap_or_default()
+}
+
+/// A test bed with one harness MIG node: 2x A100 80GB, both GPUs at 7x 1g.10gb, its agent
+/// following the ConfigMap.
+fn mig_bed(
+    env: &[(&str, &str)],
+) -> (
+    Cluster,
+    gpuops_testbed::ClusterApi,
+    HarnessNode,
+    PathBuf,
+    Agent,
+) {
+    let (cluster, capi) = common::bed();
+    let node = HarnessNode::start(&cluster, NODE).unwrap();
+    let fleet = cluster.dir().join("a100.yaml");
+    std::fs::write(&fleet, "gpus:\n- model: A100-SXM4-80GB\n  count: 2\n").unwrap();
+    let sim = cluster.dir().join("sim");
+    gpuops(&[
+        "sim",
+        "init",
+        "--fleet",
+        fleet.to_str().unwrap(),
+        "--state",
+        sim.to_str().unwrap(),
+    ]);
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": CONFIGMAP, "namespace": "default"},
+        "data": {"config.yaml": MIG_CONFIGS},
+    });
+    cluster.apply(&cm.to_string()).unwrap();
+    cluster
+        .kubectl(&["label", "node", NODE, "nvidia.com/mig.config=all-1g.10gb"])
+        .unwrap();
+    let agent = Agent::start(&cluster, &node, &sim, env);
+    wait_until("14x mig-1g.10gb", Duration::from_secs(90), || {
+        allocatable(&cluster, "nvidia.com/mig-1g.10gb") == 14
+            && label(&cluster, "nvidia.com/mig.config.state").as_deref() == Some("success")
+            && node_json(&cluster)["metadata"]["annotations"]["gpuops.io/mig.layout"]
+                .as_str()
+                .is_some_and(|l| l.contains("all-1g.10gb"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    (cluster, capi, node, sim, agent)
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn pending_3g_pods_re_partition_free_capacity_keep_busy_instances_and_buy_nothing() {
+    let (cluster, _capi, node, sim, agent) = mig_bed(&[]);
+    // One 1g.10gb instance busy before the change.
+    cluster
+        .apply(&pod("small", "nvidia.com/mig-1g.10gb"))
+        .unwrap();
+    wait_until("the 1g.10gb pod running", Duration::from_secs(60), || {
+        phase(&cluster, "small") == "Running"
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let before = mig_uuids(&sim);
+    assert_eq!(before.len(), 14, "{before:?}");
+    // The agent publishes that a pod holds it.
+    wait_until(
+        "the busy instance published",
+        Duration::from_secs(30),
+        || {
+            node_json(&cluster)["metadata"]["annotations"]["gpuops.io/mig.layout"]
+                .as_str()
+                .is_some_and(|l| l.contains("\"busy\":true"))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+
+    let _controller = controller(
+        &cluster,
+        windows(Duration::from_secs(600), Duration::from_secs(600)),
+    );
+    // One apply: the two pods are one demand, inside one batch.
+    cluster
+        .apply(&format!(
+            "{}---\n{}",
+            pod("big-0", "nvidia.com/mig-3g.40gb"),
+            pod("big-1", "nvidia.com/mig-3g.40gb")
+        ))
+        .unwrap();
+    wait_until(
+        "both 3g.40gb pods running",
+        Duration::from_secs(120),
+        || phase(&cluster, "big-0") == "Running" && phase(&cluster, "big-1") == "Running",
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\n{}\n{}\n{}\n{}",
+            status(&cluster),
+            events(&cluster),
+            cluster
+                .kubectl(&["get", "node", NODE, "-o", "yaml"])
+                .unwrap_or_default(),
+            agent.log()
+        )
+    });
+    assert_eq!(phase(&cluster, "small"), "Running");
+    let config = label(&cluster, "nvidia.com/mig.config").unwrap();
+    assert!(config.starts_with("gpuops-"), "{config}");
+    assert_eq!(allocatable(&cluster, "nvidia.com/mig-3g.40gb"), 2);
+    // The busy instance kept its UUID: every instance the pod could hold is still there.
+    let after = mig_uuids(&sim);
+    let held = node_devices(&node, "small");
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(after.contains(&held[0]), "{held:?} not in {after:?}");
+    assert!(before.contains(&held[0]));
+    // The generated config is in the ConfigMap, next to the user's.
+    let text = cluster
+        .kubectl(&[
+            "get",
+            "configmap",
+            CONFIGMAP,
+            "-o",
+            "jsonpath={.data.config\\.yaml}",
+        ])
+        .unwrap();
+    assert!(
+        text.contains(&config) && text.contains("all-1g.10gb"),
+        "{text}"
+    );
+    // No node bought, and the decision is explained on the node and the pods.
+    let machines = cluster
+        .kubectl(&["get", "machines.cluster.x-k8s.io", "-A", "-o", "name"])
+        .unwrap_or_default();
+    assert!(machines.trim().is_empty(), "{machines}");
+    let ev = events(&cluster);
+    assert!(ev.contains("MIGRepartition"), "{ev}");
+    assert!(ev.contains("TriggeredMIGRepartition"), "{ev}");
+}
+
+fn node_devices(node: &HarnessNode, pod: &str) -> Vec<String> {
+    node.allocation("default", pod)
+        .map(|a| a.devices("nvidia.com/mig-1g.10gb"))
+        .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn demand_that_flaps_inside_the_batch_window_changes_nothing() {
+    let (cluster, _capi, _node, _sim, agent) = mig_bed(&[]);
+    let mut mig = windows(Duration::from_secs(5), Duration::from_secs(600));
+    mig.batch_idle = Duration::from_secs(15);
+    mig.batch_max = Duration::from_secs(30);
+    let _controller = controller(&cluster, mig);
+    for round in 0..2 {
+        let name = format!("flap-{round}");
+        cluster
+            .apply(&pod(&name, "nvidia.com/mig-3g.40gb"))
+            .unwrap();
+        // Seen pending (the scheduler found no node) before it goes away again.
+        wait_until("the pod unschedulable", Duration::from_secs(30), || {
+            cluster
+                .kubectl(&[
+                    "get",
+                    "pod",
+                    &name,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+                ])
+                .is_ok_and(|r| r == "Unschedulable")
+        })
+        .unwrap();
+        cluster
+            .kubectl(&["delete", "pod", &name, "--wait=true"])
+            .unwrap();
+    }
+    passes_for(&cluster, Duration::from_secs(20));
+    let ev = events(&cluster);
+    assert_eq!(count(&ev, "MIGRepartition"), 0, "{ev}\n{}", agent.log());
+    assert_eq!(repartitions(&cluster), 0, "{}", status(&cluster));
+    assert_eq!(
+        label(&cluster, "nvidia.com/mig.config").as_deref(),
+        Some("all-1g.10gb")
+    );
+    assert_eq!(allocatable(&cluster, "nvidia.com/mig-1g.10gb"), 14);
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn a_failed_change_goes_back_and_is_not_retried_on_that_node_within_the_backoff() {
+    // A pre-apply-config hook that fails while the flag file exists: a real failed apply.
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("fail");
+    let hooks = dir.path().join("hooks.yaml");
+    std::fs::write(
+        &hooks,
+        format!(
+            "version: v1\nhooks:\n  pre-apply-config:\n  - command: /bin/sh\n    args: [\"-c\", \"test ! -e {}\"]\n",
+            flag.display()
+        ),
+    )
+    .unwrap();
+    let (cluster, _capi, _node, _sim, agent) =
+        mig_bed(&[("MIG_PARTED_HOOKS_FILE", hooks.to_str().unwrap())]);
+    std::fs::write(&flag, "").unwrap();
+    // The minimum interval is short: only the failure's back-off can keep the node unchosen.
+    let _controller = controller(
+        &cluster,
+        windows(Duration::from_secs(3), Duration::from_secs(600)),
+    );
+    cluster
+        .apply(&pod("big", "nvidia.com/mig-3g.40gb"))
+        .unwrap();
+    wait_until(
+        "the failed change put back",
+        Duration::from_secs(90),
+        || {
+            count(&events(&cluster), "MIGRepartitionFailed") >= 1
+                && label(&cluster, "nvidia.com/mig.config").as_deref() == Some("all-1g.10gb")
+                && label(&cluster, "nvidia.com/mig.config.state").as_deref() == Some("success")
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\n{}\n{}\n{}",
+            status(&cluster),
+            events(&cluster),
+            agent.log()
+        )
+    });
+    assert_eq!(allocatable(&cluster, "nvidia.com/mig-1g.10gb"), 14);
+    // Well past the minimum interval and the batch window, the pod still pending: the node
+    // was not chosen again.
+    passes_for(&cluster, Duration::from_secs(15));
+    assert_eq!(repartitions(&cluster), 1, "{}", status(&cluster));
+    assert_eq!(phase(&cluster, "big"), "Pending");
+    assert_eq!(
+        label(&cluster, "nvidia.com/mig.config").as_deref(),
+        Some("all-1g.10gb")
+    );
+    let st = status(&cluster);
+    assert!(st.contains("default/big"), "{st}");
+}
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn with_no_mig_capacity_one_node_is_bought_with_the_layout_the_pods_need() {
+    let (cluster, capi) = common::bed();
+    let mut shape =
+        gpuops_testbed::NodeShape::gpu("NVIDIA-A100-SXM4-80GB", "nvidia.com/mig-3g.40gb", 2);
+    shape
+        .labels
+        .insert("nvidia.com/gpu.count".into(), "1".into());
+    // The pool's MIG config: the node comes up with it (the agent would apply it at boot).
+    shape
+        .labels
+        .insert("nvidia.com/mig.config".into(), "all-3g.40gb".into());
+    let mut pool = gpuops_testbed::PoolSpec::new("a100", shape);
+    for (k, v) in [
+        ("gpuops.io/price-per-hour", "10"),
+        ("gpuops.io/gpu-product", "NVIDIA-A100-SXM4-80GB"),
+        ("gpuops.io/mig-config", "all-3g.40gb"),
+        // One GPU per node (the shape's first device would say 2).
+        (
+            "capacity.cluster-autoscaler.kubernetes.io/gpu-type",
+            "nvidia.com/gpu",
+        ),
+        ("capacity.cluster-autoscaler.kubernetes.io/gpu-count", "1"),
+    ] {
+        pool.annotations.insert(k.into(), v.into());
+    }
+    capi.add_pool(&pool).unwrap();
+    let _controller = controller(
+        &cluster,
+        windows(Duration::from_secs(600), Duration::from_secs(600)),
+    );
+    cluster
+        .apply(&format!(
+            "{}---\n{}",
+            pod("big-0", "nvidia.com/mig-3g.40gb"),
+            pod("big-1", "nvidia.com/mig-3g.40gb")
+        ))
+        .unwrap();
+    wait_until(
+        "both 3g.40gb pods running",
+        Duration::from_secs(120),
+        || phase(&cluster, "big-0") == "Running" && phase(&cluster, "big-1") == "Running",
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", status(&cluster), events(&cluster)));
+    // One node for one need, with the pool's layout, even though the decision ran again while
+    // it booted.
+    assert_eq!(capi.machines("a100").unwrap().len(), 1);
+    let nodes = cluster
+        .kubectl(&[
+            "get",
+            "nodes",
+            "-l",
+            "nvidia.com/mig.config=all-3g.40gb",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert_eq!(nodes.lines().count(), 1, "{nodes}");
+    let ev = events(&cluster);
+    assert!(ev.contains("TriggeredScaleUp"), "{ev}");
+    let st = status(&cluster);
+    assert!(
+        st.contains("buying 1 node(s) of pool default/a100 with MIG config all-3g.40gb"),
+        "{st}"
+    );
+}
