@@ -77,15 +77,7 @@ fn scale_from_zero_buys_exactly_one_node_of_the_cheapest_pool_and_a_bad_pool_doe
         .unwrap_or_default();
     assert!(events.contains("TriggeredScaleUp"), "{events}");
     assert!(events.contains("InvalidPool"), "{events}");
-    let status = cluster
-        .kubectl(&[
-            "get",
-            "configmap",
-            "gpuops-autoscaler-status",
-            "-o",
-            "jsonpath={.data.status\\.json}",
-        ])
-        .unwrap();
+    let status = common::status_json(&cluster).unwrap();
     assert!(
         status.contains("triggered scale-up of pool default/cheap by 1 node"),
         "{status}"
@@ -310,15 +302,7 @@ fn the_charts_controller_role_is_enough_for_its_own_token() {
     .unwrap();
     assert!(outcome.all_running, "{outcome:?}");
     assert_eq!(outcome.launched, 1, "{outcome:?}");
-    let status = cluster
-        .kubectl(&[
-            "get",
-            "configmap",
-            "gpuops-autoscaler-status",
-            "-o",
-            "jsonpath={.data.status\\.json}",
-        ])
-        .unwrap();
+    let status = common::status_json(&cluster).unwrap();
     assert!(status.contains("\"leader\": \"sa\""), "{status}");
     cluster
         .kubectl(&["delete", "pod", "gpu-pod-0", "--wait=false"])
@@ -459,15 +443,7 @@ fn mig_and_shared_pools_scale_from_zero_to_the_fewest_nodes_that_fit() {
     assert_eq!(machines_of(&capi, "h100-mig"), mig_min);
     assert_eq!(machines_of(&capi, "l4-shared"), shared_min);
     // What the status says each node offers comes from the annotations.
-    let status = cluster
-        .kubectl(&[
-            "get",
-            "configmap",
-            "gpuops-autoscaler-status",
-            "-o",
-            "jsonpath={.data.status\\.json}",
-        ])
-        .unwrap();
+    let status = common::status_json(&cluster).unwrap();
     assert!(status.contains("56x nvidia.com/mig-1g.10gb"), "{status}");
     assert!(status.contains("16x nvidia.com/gpu.shared"), "{status}");
 }

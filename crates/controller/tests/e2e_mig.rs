@@ -233,15 +233,7 @@ fn mig_uuids(sim: &Path) -> Vec<String> {
 }
 
 fn status(cluster: &Cluster) -> String {
-    cluster
-        .kubectl(&[
-            "get",
-            "configmap",
-            "gpuops-autoscaler-status",
-            "-o",
-            "jsonpath={.data.status\\.json}",
-        ])
-        .unwrap_or_default()
+    common::status_json(cluster).unwrap_or_default()
 }
 
 fn events(cluster: &Cluster) -> String {

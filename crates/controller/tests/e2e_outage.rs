@@ -126,15 +126,7 @@ fn an_apiserver_outage_mid_scale_up_neither_stops_the_probes_nor_buys_twice() {
         .unwrap();
     assert_eq!(scale_ups, 1.0, "one node bought in all");
     // The status it publishes once the apiserver is back still has the decision from before.
-    let status = cluster
-        .kubectl(&[
-            "get",
-            "configmap",
-            "gpuops-autoscaler-status",
-            "-o",
-            "jsonpath={.data.status\\.json}",
-        ])
-        .unwrap();
+    let status = common::status_json(&cluster).unwrap();
     assert!(
         status.contains("triggered scale-up of pool default/h100 by 1 node"),
         "{status}"

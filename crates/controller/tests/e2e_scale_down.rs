@@ -233,15 +233,7 @@ fn a_pdb_keeps_an_idle_node_until_it_is_deleted() {
     let described = cluster.kubectl(&["describe", "node", idle]).unwrap();
     assert!(described.contains("ScaleDownBlocked"), "{described}");
     // The status lists the kept node with what keeps it.
-    let status = cluster
-        .kubectl(&[
-            "get",
-            "configmap",
-            "gpuops-autoscaler-status",
-            "-o",
-            "jsonpath={.data.status\\.json}",
-        ])
-        .unwrap();
+    let status = common::status_json(&cluster).unwrap();
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     let blocked = status["blocked"].as_array().unwrap();
     assert!(

@@ -136,3 +136,14 @@ pub fn bed() -> (Cluster, ClusterApi) {
     let capi = cluster.start_cluster_api(CapiOptions::default()).unwrap();
     (cluster, capi)
 }
+
+/// The controller's status document (what `gpuops autoscaler status -o json` reads).
+pub fn status_json(cluster: &Cluster) -> Result<String, gpuops_testbed::BedError> {
+    cluster.kubectl(&[
+        "get",
+        "configmap",
+        "gpuops-autoscaler-status",
+        "-o",
+        "jsonpath={.data.status\\.json}",
+    ])
+}
