@@ -957,7 +957,6 @@ fn pack(pools: &[Pool], supply: &mut [u32], batch: &Batch<'_>, left: &mut [usize
         let cost: f64 = picks.iter().map(|(j, _)| pools[*j].price_per_hour).sum();
         let key = (unplaced, cost, picks.len());
         let wins = best.as_ref().is_none_or(|(.., b)| {
-            let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(y.abs());
             if !close(key.0, b.0) {
                 key.0 < b.0
             } else if !close(key.1, b.1) {
@@ -1049,7 +1048,6 @@ fn greedy(
 /// Whether node `a` (score, GPU-equivalents served, pool) beats `b`. Scores within a relative
 /// 1e-9 are equal: prices such as 98.32 and 4 x 24.58 per 8 GPUs must tie.
 fn better(a: (f64, f64, &Pool), b: (f64, f64, &Pool)) -> bool {
-    let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(y.abs());
     if !close(a.0, b.0) {
         return a.0 < b.0;
     }
@@ -1057,6 +1055,11 @@ fn better(a: (f64, f64, &Pool), b: (f64, f64, &Pool)) -> bool {
         return a.1 > b.1;
     }
     pool_order(a.2, b.2).is_lt()
+}
+
+/// Equal within a relative 1e-9: sums of prices and GPU fractions are not exact.
+fn close(x: f64, y: f64) -> bool {
+    (x - y).abs() <= 1e-9 * x.abs().max(y.abs())
 }
 
 /// Cheaper per node-hour first; ties go to fewer GPUs (less waste), then the name (determinism).
