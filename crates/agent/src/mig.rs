@@ -404,7 +404,27 @@ struct Flow {
     layout: Option<String>,
 }
 
+/// How long the end of a change waits for the first GPU snapshot taken after it; past that
+/// (a driver that stopped answering) the resources come back from the last one.
+const FRESH_SNAPSHOT_WAIT: Duration = Duration::from_secs(60);
+
 impl Flow {
+    /// Waits until the agent loop published a snapshot whose collection began at `after` or
+    /// later.
+    async fn wait_for_snapshot_after(&mut self, after: Instant) {
+        let fresh = self
+            .state
+            .wait_for(|s| s.collection.is_some_and(|c| c >= after));
+        match tokio::time::timeout(FRESH_SNAPSHOT_WAIT, fresh).await {
+            Ok(Ok(_)) => {}
+            // The agent loop is gone: the agent is stopping.
+            Ok(Err(_)) => {}
+            Err(_) => tracing::warn!(
+                "no GPU snapshot within {FRESH_SNAPSHOT_WAIT:?} after the MIG change; advertising from the last one"
+            ),
+        }
+    }
+
     async fn child(&self, args: &[String]) -> Command {
         gpuops(&self.cfg.program, args, self.cfg.child_timeout).await
     }
@@ -474,8 +494,10 @@ impl Flow {
                         if apply.ok { Ok(()) } else { Err(apply.output) }
                     }
                 };
-                // Back to advertising, whatever happened: the agent loop republishes what the
-                // driver now has.
+                // Back to advertising, whatever happened, from what the driver now has: the
+                // snapshot in hand may predate the change (MIG still off), and republishing from
+                // it would offer whole GPUs that are gone for up to an interval.
+                self.wait_for_snapshot_after(Instant::now()).await;
                 self.busy.send_replace(false);
                 match result {
                     Ok(()) => {
