@@ -3,7 +3,8 @@
 //!
 //! The resource model (which resources and device IDs, how to allocate) is pure and lives in
 //! `gpuops-resources`; this crate is the I/O edge: gRPC over Unix sockets, registration, and noticing
-//! a kubelet restart (its `kubelet.sock` replaced, or our socket deleted) within a second.
+//! a kubelet restart (its `kubelet.sock` replaced, or our socket deleted) at once through inotify,
+//! or within half a second where inotify is unavailable.
 
 mod error;
 mod published;

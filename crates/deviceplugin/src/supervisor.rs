@@ -60,6 +60,7 @@ pub async fn serve_reporting(
         })?;
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
     let mut waiting_logged = false;
+    let mut dir_events = watch_dir(&plugin_dir);
     loop {
         let current = feed.borrow().clone();
         let kubelet = socket_identity(&plugin_dir.join(KUBELET_SOCKET));
@@ -132,6 +133,7 @@ pub async fn serve_reporting(
         tokio::select! {
             _ = shutdown.changed() => break,
             _ = tokio::time::sleep(TICK) => {}
+            _ = dir_changed(&mut dir_events) => {}
         }
         if *shutdown.borrow() {
             break;
@@ -157,6 +159,40 @@ fn all_registered(
                 .is_some_and(|r| r.registered_with == Some(k))
         })
     })
+}
+
+/// Wakes the loop as soon as an entry of the plugin directory is created or removed. A
+/// restarted kubelet rejects for good every pod needing our devices that it syncs before we
+/// registered with it again (UnexpectedAdmissionError), so its new `kubelet.sock` is acted on
+/// at once rather than at the next tick. `None` (inotify unavailable, e.g. out of watches):
+/// the tick alone, as before.
+fn watch_dir(dir: &Path) -> Option<inotify::EventStream<Vec<u8>>> {
+    let watched = inotify::Inotify::init().and_then(|ino| {
+        ino.watches().add(
+            dir,
+            inotify::WatchMask::CREATE | inotify::WatchMask::DELETE | inotify::WatchMask::MOVED_TO,
+        )?;
+        ino.into_event_stream(vec![0u8; 4096])
+    });
+    match watched {
+        Ok(stream) => Some(stream),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "cannot watch the plugin directory ({e}); looking for kubelet restarts every {TICK:?}");
+            None
+        }
+    }
+}
+
+/// The next change in the plugin directory; never, without a watch.
+async fn dir_changed(events: &mut Option<inotify::EventStream<Vec<u8>>>) {
+    use tokio_stream::StreamExt;
+    let ended = match events.as_mut() {
+        Some(stream) => stream.next().await.is_none(),
+        None => return std::future::pending().await,
+    };
+    if ended {
+        *events = None;
+    }
 }
 
 /// (device, inode) of a socket file: a new file after a kubelet restart has a new identity.
