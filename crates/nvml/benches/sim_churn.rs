@@ -1,7 +1,7 @@
 //! NVML calls on nvml-sim while another process keeps changing its state, as `gpuops sim` and the
-//! XID storm of the fault matrix do: how long one live snapshot of a DGX H100 takes with the state
-//! still and with the state rewritten 20 times a second, and how many of 1,000 XIDs per second an
-//! event-set reader receives. It measures the simulator (every sim-backed test pays its per-call
+//! XID storm of the fault matrix do: how long one live snapshot of a DGX H100 takes on a state
+//! just written (as every sim-backed test begins), on one left alone, and on one rewritten 20
+//! times a second, and how many of 1,000 XIDs per second an event-set reader receives. It measures the simulator (every sim-backed test pays its per-call
 //! cost), not a driver.
 //!
 //! Run: `cargo bench -p gpuops-nvml --bench sim_churn --profile dev` (the profile the tests use;
@@ -72,10 +72,15 @@ fn main() {
     let bytes = std::fs::metadata(sim.store.state_path()).unwrap().len();
     let gpus = common::open_at(Some(sim.dir())).unwrap();
 
-    let (n, per) = snapshots(&gpus, secs);
+    let written = Instant::now();
+    // Every sim-backed test starts here: its state saved a moment ago.
+    let (n, per) = snapshots(&gpus, 2);
     println!(
-        "state still: {n} live snapshots in {secs} s, {per:?} each (state.json {bytes} bytes)"
+        "state just written: {n} live snapshots in 2 s, {per:?} each (state.json {bytes} bytes)"
     );
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(written.elapsed()));
+    let (n, per) = snapshots(&gpus, secs);
+    println!("state 3 s old: {n} live snapshots in {secs} s, {per:?} each");
 
     let stop = Arc::new(AtomicBool::new(false));
     churn(&sim, 0, Arc::clone(&stop), Arc::new(AtomicU64::new(0)));

@@ -43,7 +43,7 @@ impl Fingerprint {
 /// [`Store::load_cached`].
 #[derive(Debug, Default)]
 pub struct StateCache {
-    seen: Option<(Version, Arc<SimState>)>,
+    seen: Option<Seen>,
     parses: u64,
 }
 
@@ -54,11 +54,14 @@ impl StateCache {
     }
 }
 
-/// The generation number (`None`: no readable generation file) and the state file's identity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Version {
-    generation: Option<u64>,
+#[derive(Debug)]
+struct Seen {
     fingerprint: Fingerprint,
+    /// `None`: there was no readable generation file.
+    generation: Option<u64>,
+    /// Whether the file was already settled when it was read: then its fingerprint alone names it.
+    settled: bool,
+    state: Arc<SimState>,
 }
 
 impl Store {
@@ -139,23 +142,46 @@ impl Store {
     /// before the state, so the state it parses is at least that generation, and an unchanged
     /// generation (with an unchanged file identity, against writers that bypass [`Store`]) means
     /// no save has finished since. A missing or unreadable generation file (an older writer, a
-    /// crash before it was written) falls back to the settled rule.
+    /// crash before it was written) falls back to the settled rule, judged when the file was
+    /// read: a file fresh then may since have been replaced by one with the same identity.
     pub fn load_cached(&self, cache: &mut StateCache) -> Result<Arc<SimState>, SimError> {
-        let generation = self.generation();
-        let version = Version {
-            generation,
-            fingerprint: self.fingerprint()?,
-        };
-        if let Some((seen, state)) = &cache.seen
-            && *seen == version
-            && (generation.is_some()
-                || version.fingerprint.is_settled(std::time::SystemTime::now()))
+        self.load_cached_at(cache, std::time::SystemTime::now())
+    }
+
+    /// [`Store::load_cached`] at wall-clock time `before` (taken before anything is read).
+    fn load_cached_at(
+        &self,
+        cache: &mut StateCache,
+        before: std::time::SystemTime,
+    ) -> Result<Arc<SimState>, SimError> {
+        let fingerprint = self.fingerprint()?;
+        // A file that had settled before it was parsed, with the same identity now, is the same
+        // file: a replacement would carry a later mtime. That costs one stat, as on a quiet node.
+        if let Some(seen) = &cache.seen
+            && seen.settled
+            && seen.fingerprint == fingerprint
         {
-            return Ok(Arc::clone(state));
+            return Ok(Arc::clone(&seen.state));
+        }
+        // Read before the state, so the state parsed below is at least this generation.
+        let generation = self.generation();
+        if let Some(seen) = &mut cache.seen
+            && generation.is_some()
+            && seen.generation == generation
+            && seen.fingerprint == fingerprint
+        {
+            // Known current and settled now: from here on the fingerprint alone names it.
+            seen.settled = fingerprint.is_settled(before);
+            return Ok(Arc::clone(&seen.state));
         }
         let state = Arc::new(self.load()?);
         cache.parses += 1;
-        cache.seen = Some((version, Arc::clone(&state)));
+        cache.seen = Some(Seen {
+            fingerprint,
+            generation,
+            settled: fingerprint.is_settled(before),
+            state: Arc::clone(&state),
+        });
         Ok(state)
     }
 
@@ -382,6 +408,41 @@ mod tests {
         let before = cache.parses();
         store.load_cached(&mut cache).unwrap();
         assert_eq!(cache.parses(), before);
+    }
+
+    /// Without a generation file only the age of the file when it was read counts: one read
+    /// while fresh is never trusted later on its fingerprint (a same-tick replacement may share
+    /// it), one read after it settled is.
+    #[test]
+    fn without_a_generation_only_a_file_settled_when_read_is_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::create(dir.path(), &state()).unwrap();
+        fs::remove_file(dir.path().join(GENERATION_FILE)).unwrap();
+        let now = std::time::SystemTime::now();
+        let later = now + std::time::Duration::from_secs(3);
+        let mut cache = StateCache::default();
+        store.load_cached_at(&mut cache, now).unwrap();
+        store.load_cached_at(&mut cache, later).unwrap();
+        assert_eq!(cache.parses(), 2, "read while fresh: parsed again");
+        store.load_cached_at(&mut cache, later).unwrap();
+        assert_eq!(cache.parses(), 2, "read when settled: kept");
+        // The settled shortcut also holds with a generation file, and a save still ends it.
+        lose_gpu(&store, 0);
+        let soon = std::time::SystemTime::now();
+        assert!(store.load_cached_at(&mut cache, soon).unwrap().gpus[0].lost);
+        store
+            .load_cached_at(&mut cache, soon + std::time::Duration::from_secs(3))
+            .unwrap();
+        assert_eq!(cache.parses(), 3);
+        fs::remove_file(dir.path().join(GENERATION_FILE)).unwrap();
+        store.load_cached_at(&mut cache, soon).unwrap();
+        assert_eq!(
+            cache.parses(),
+            3,
+            "settled once known current: kept on its fingerprint"
+        );
+        lose_gpu(&store, 1);
+        assert!(store.load_cached_at(&mut cache, soon).unwrap().gpus[1].lost);
     }
 
     /// Something writing state.json past the store (a test, a hand edit) changes the file's
