@@ -204,30 +204,70 @@ pub(crate) async fn run(
                     Err(e) => tracing::error!(error = %e, "snapshot task failed: {e}"),
                 }
             }
-            Some(report) = reports.recv() => match report {
-                Report::Event(event) => {
-                    let text = describe_event(&event, &state.inventory);
-                    if let GpuEvent::Xid { gpu, xid, gi_id, ci_id } = event {
-                        tracing::warn!(gpu, xid, gi = gi_id, ci = ci_id, "{text}");
-                        state.health.record(&l.policy, gpu, gi_id, ci_id, xid, monotonic_ms());
-                        state.xids.record(gpu, gi_id, xid);
-                        state.collection = None;
-                        state_tx.send_replace(Arc::new(state.clone()));
-                    } else {
-                        tracing::warn!("{text}");
+            Some(report) = reports.recv() => {
+                // A storm queues XIDs faster than one publication each is worth (every task
+                // watching the state wakes for each): take what is already waiting, up to a
+                // bound so the loop still gets round to its other events, and publish once.
+                let mut changed = note(report, &mut state, &l.policy);
+                for _ in 1..REPORT_BATCH {
+                    match reports.try_recv() {
+                        Ok(report) => changed |= note(report, &mut state, &l.policy),
+                        Err(_) => break,
                     }
                 }
-                Report::Watching(gpus) => tracing::info!(
-                    gpus = gpus.len(),
-                    "watching {} GPUs for XID errors ({})",
-                    gpus.len(),
-                    gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
-                ),
-                Report::Problem(p) => tracing::warn!("{p}"),
-            },
+                if changed {
+                    state.collection = None;
+                    state_tx.send_replace(Arc::new(state.clone()));
+                }
+            }
         }
     }
     xid_thread
+}
+
+/// How many queued reports one turn of the loop takes before it publishes.
+const REPORT_BATCH: usize = 256;
+
+/// Takes one report from the XID thread into `state`; whether the published state must change.
+fn note(report: Report, state: &mut NodeState, policy: &HealthPolicy) -> bool {
+    match report {
+        Report::Event(event) => {
+            let text = describe_event(&event, &state.inventory);
+            if let GpuEvent::Xid {
+                gpu,
+                xid,
+                gi_id,
+                ci_id,
+            } = event
+            {
+                tracing::warn!(gpu, xid, gi = gi_id, ci = ci_id, "{text}");
+                state
+                    .health
+                    .record(policy, gpu, gi_id, ci_id, xid, monotonic_ms());
+                state.xids.record(gpu, gi_id, xid);
+                true
+            } else {
+                tracing::warn!("{text}");
+                false
+            }
+        }
+        Report::Watching(gpus) => {
+            tracing::info!(
+                gpus = gpus.len(),
+                "watching {} GPUs for XID errors ({})",
+                gpus.len(),
+                gpus.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            false
+        }
+        Report::Problem(p) => {
+            tracing::warn!("{p}");
+            false
+        }
+    }
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {
@@ -335,6 +375,80 @@ mod tests {
             ..Inventory::default()
         };
         assert_eq!(healthy_indices(&inv), vec![0, 1]);
+    }
+
+    /// XIDs queued faster than the loop goes round are all taken (in batches) into the state it
+    /// publishes: every one counted, the fatal one marking its GPU.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queue_of_xids_is_counted_in_full_and_marks_the_fatal_gpu() {
+        let (reports_tx, reports_rx) = mpsc::channel(1024);
+        for n in 0..600u32 {
+            let (gpu, xid) = if n % 10 == 0 { (3, 48) } else { (n % 8, 13) };
+            reports_tx
+                .send(Report::Event(GpuEvent::Xid {
+                    gpu,
+                    xid,
+                    gi_id: None,
+                    ci_id: None,
+                }))
+                .await
+                .unwrap();
+        }
+        let state = NodeState {
+            inventory: Arc::new(Inventory::default()),
+            health: gpuops_resources::health::HealthTracker::default(),
+            xids: gpuops_metrics::XidCounters::default(),
+            collection: None,
+            nvml_errors: 0,
+            nvml_loaded: false,
+        };
+        let (state_tx, mut state_rx) = watch::channel(Arc::new(state));
+        let (_busy_tx, busy_rx) = watch::channel(false);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let l = Loop {
+            gpus: None,
+            libraries: vec![Library::Path("/nonexistent/libnvidia-ml.so.1".into())],
+            sysfs_root: "/nonexistent".into(),
+            reports_tx: reports_tx.clone(),
+            stop_xids: Arc::new(AtomicBool::new(false)),
+            interval: Duration::from_secs(60),
+            timeout: Duration::from_secs(1),
+            policy: HealthPolicy::from_env(None, None, 60_000).unwrap(),
+            healthy: Arc::new(Mutex::new(Vec::new())),
+            live: Arc::new(AtomicU64::new(0)),
+        };
+        let task = tokio::spawn(run(l, state_tx, busy_rx, reports_rx, async {
+            let _ = stop_rx.await;
+        }));
+        let counted = |s: &NodeState| -> u64 {
+            (0..8)
+                .flat_map(|g| s.xids.counts(g, None).collect::<Vec<_>>())
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let seen = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let s = Arc::clone(&state_rx.borrow_and_update());
+                if counted(&s) == 600 {
+                    return s;
+                }
+                state_rx.changed().await.unwrap();
+            }
+        })
+        .await
+        .expect("all 600 XIDs counted within 10 s");
+        assert_eq!(seen.health.xid_for(3, None), Some(48));
+        assert_eq!(
+            seen.health.xid_for(0, None),
+            None,
+            "XID 13 is an application fault"
+        );
+        assert_eq!(
+            seen.xids.counts(3, None).collect::<Vec<_>>(),
+            vec![(13, 75), (48, 60)]
+        );
+        let _ = stop_tx.send(());
+        let _ = task.await;
     }
 
     /// On a node without GPUs (FAIL_ON_INIT_ERROR=false) the loop still goes round every

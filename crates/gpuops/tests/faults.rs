@@ -270,7 +270,8 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
 /// 1,000 XIDs per second for 60 s (GPUOPS_STORM_SECS), written into the simulator about every
 /// 50 ms, as many as the second so far is due: application XIDs (13, 31, 43) on every GPU and a double-bit ECC (48) on
 /// GPU 3. GPU 3 must be unhealthy throughout and the others healthy, RSS flat, /metrics always
-/// answered; after the storm GPU 3 recovers after its quiet period. The scrape latency is a
+/// answered, at least half the XIDs counted by the agent; after the storm GPU 3 recovers after
+/// its quiet period. The scrape latency is a
 /// figure, not a gate: it is printed, and asserted only when GPUOPS_STORM_P99_MS gives a limit
 /// (scripts/fault-matrix does, on a machine it expects to be quiet).
 #[test]
@@ -351,8 +352,7 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
             (sent, begun.elapsed().as_secs_f64())
         })
     };
-    // The window starts once the first double-bit ECC is seen (the simulator delivers the first
-    // events of a storm seconds late: every NVML call re-reads its state file while it changes).
+    // The window starts once the first double-bit ECC is seen.
     wait_until(
         "GPU 3 unhealthy in the storm",
         Duration::from_secs(30),
@@ -394,15 +394,29 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (sent, storm_secs) = storm.join().unwrap();
     let rate = sent as f64 / storm_secs;
-    // What reached the agent: its XID counters (the simulator keeps only its last 1,024 events,
-    // so a reader slower than the storm misses some, as with a real driver's queue).
-    let counted: f64 = get(&address, "/metrics")
-        .1
-        .lines()
-        .filter(|l| l.starts_with("gpuops_xid_errors_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
     let ended = Instant::now();
+    // What reached the agent: its XID counters once it has taken what the driver still had
+    // queued (it stops growing). The simulator's queue holds 1,024 events, as a real driver's is
+    // bounded, so a reader slower than the storm misses some.
+    let xids_counted = || -> f64 {
+        get(&address, "/metrics")
+            .1
+            .lines()
+            .filter(|l| l.starts_with("gpuops_xid_errors_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let mut counted = xids_counted();
+    let drained = Instant::now() + Duration::from_secs(30);
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = xids_counted();
+        if now == counted || Instant::now() > drained {
+            break;
+        }
+        counted = now;
+    }
+    let share = counted / sent as f64;
     let mut recovered = None;
     wait_until(
         "GPU 3 healthy again after the storm",
@@ -432,9 +446,10 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
     let second_half: Vec<u64> = rss[rss.len() / 2..].iter().map(|r| r.1).collect();
     let half_growth = second_half.last().unwrap().saturating_sub(second_half[0]);
     println!(
-        "storm: baseline p99 {:.3} ms; {sent} XIDs in {storm_secs:.0} s ({:.0}/s), {counted} counted by the agent; {} scrapes p50 {:.3} ms p99 {:.3} ms max {:.3} ms; RSS {first} -> {last} KiB (slope {slope:.1} KiB/s, second half +{half_growth} KiB); healthy again {} ms after the storm",
+        "storm: baseline p99 {:.3} ms; {sent} XIDs in {storm_secs:.0} s ({:.0}/s), {counted} counted by the agent ({:.1}%); {} scrapes p50 {:.3} ms p99 {:.3} ms max {:.3} ms; RSS {first} -> {last} KiB (slope {slope:.1} KiB/s, second half +{half_growth} KiB); healthy again {} ms after the storm",
         baseline_p99.as_secs_f64() * 1e3,
         rate,
+        share * 100.0,
         latencies.len(),
         p50.as_secs_f64() * 1e3,
         p99.as_secs_f64() * 1e3,
@@ -443,8 +458,9 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
     );
     report(
         &format!(
-            "XID storm {:.0}/s for {secs} s (GPU 3 fatal, others application XIDs; {counted} reached the agent)",
-            rate
+            "XID storm {:.0}/s for {secs} s (GPU 3 fatal, others application XIDs; {counted} of {sent} ({:.1}%) reached the agent)",
+            rate,
+            share * 100.0
         ),
         &format!(
             "GPU 3 healthy {} ms after the storm (quiet period 30 s)",
@@ -467,6 +483,13 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
         );
     }
     assert!(rate >= 900.0, "only {rate:.0} XIDs/s sent");
+    // Lenient on purpose: 90% reached the agent with the 2 cores at a load of 20, and 1.4% when
+    // every NVML call re-parsed the simulator's state; half means the agent keeps up.
+    assert!(
+        share >= 0.5,
+        "only {counted} of {sent} XIDs ({:.1}%) reached the agent",
+        share * 100.0
+    );
     assert!(
         recovered >= Duration::from_secs(25),
         "recovered before the quiet period: {recovered:?}"

@@ -100,12 +100,13 @@ fn poll(id: u64) -> Result<Option<nvmlEventData_t>, NvmlCode> {
     let mut guard = driver();
     let d = guard.as_mut().ok_or(NvmlCode::Uninitialized)?;
     let set = d.event_sets.get_mut(&id).ok_or(NvmlCode::InvalidArgument)?;
-    let next = state.events.iter().find(|e| {
-        e.seq > set.last_seq
-            && set
-                .registrations
-                .iter()
-                .any(|(g, mask)| *g == e.gpu_index && mask & e.event_type != 0)
+    // The queue is in sequence order: skip what this set has seen without looking at it, since a
+    // reader draining a storm comes here once per event.
+    let unseen = state.events.partition_point(|e| e.seq <= set.last_seq);
+    let next = state.events[unseen..].iter().find(|e| {
+        set.registrations
+            .iter()
+            .any(|(g, mask)| *g == e.gpu_index && mask & e.event_type != 0)
     });
     // Events already queued are delivered first; then a registered GPU that fell off the bus is
     // reported as such on every wait, as the real driver does.

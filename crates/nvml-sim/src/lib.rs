@@ -14,7 +14,7 @@ mod handles;
 mod mig;
 mod system;
 
-use gpuops_sim::store::Fingerprint;
+use gpuops_sim::store::StateCache;
 use gpuops_sim::{NvmlCode, SimCi, SimError, SimGi, SimGpu, SimState, Store};
 use handles::Handle;
 use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlReturn_t};
@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 struct Driver {
     store: Store,
     refs: u32,
-    cache: Option<(Fingerprint, Arc<SimState>)>,
+    cache: StateCache,
     event_sets: HashMap<u64, events::EventSet>,
     next_event_set: u64,
     /// Allocated GPM samples (`None` until `nvmlGpmSampleGet` fills one).
@@ -75,26 +75,15 @@ fn current_state() -> Result<Arc<SimState>, NvmlCode> {
     }
 }
 
-/// The state file, re-read only when it changed.
+/// The state file, re-parsed only when a writer saved it since (see `Store::load_cached`): every
+/// NVML call comes through here, and the state can be rewritten many times a second (an XID storm).
 fn read_state() -> Result<Arc<SimState>, NvmlCode> {
     let mut guard = driver();
     let d = guard.as_mut().ok_or(NvmlCode::Uninitialized)?;
-    let fingerprint = d.store.fingerprint().map_err(|e| {
+    d.store.load_cached(&mut d.cache).map_err(|e| {
         report("reading state", &e);
         code_for(&e)
-    })?;
-    if let Some((seen, state)) = &d.cache
-        && *seen == fingerprint
-        && fingerprint.is_settled(std::time::SystemTime::now())
-    {
-        return Ok(Arc::clone(state));
-    }
-    let state = Arc::new(d.store.load().map_err(|e| {
-        report("reading state", &e);
-        code_for(&e)
-    })?);
-    d.cache = Some((fingerprint, Arc::clone(&state)));
-    Ok(state)
+    })
 }
 
 /// Applies a change to the persistent state under the writer lock.
@@ -267,5 +256,41 @@ fn trace(call: &str) {
         use std::io::Write;
         let mut f = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let _ = writeln!(f, "{call}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuops_sim::Fleet;
+
+    /// The only test here that loads the driver (it is one per process) or sets its variable.
+    #[test]
+    fn every_call_sees_the_last_save_and_the_state_is_parsed_only_after_saves() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = SimState::from_fleet(&Fleet::resolve("l4x4").unwrap(), 0).unwrap();
+        let store = Store::create(dir.path(), &state).unwrap();
+        // SAFETY: no other test in this crate reads or writes the environment.
+        unsafe { std::env::set_var(gpuops_sim::STATE_DIR_ENV, dir.path()) };
+        assert_eq!(system::nvmlInit_v2(), 0);
+        let parses = || driver().as_ref().map(|d| d.cache.parses());
+        let first = read_state().unwrap();
+        assert!(Arc::ptr_eq(&first, &read_state().unwrap()));
+        assert_eq!(parses(), Some(1), "init's parse serves the calls after it");
+        for round in 1..=3u64 {
+            store
+                .update(|s| s.inject_xid(1, 48, None, None))
+                .unwrap()
+                .unwrap();
+            let now = read_state().unwrap();
+            assert_eq!(
+                now.events.len() as u64,
+                round,
+                "the save is seen by the next call"
+            );
+            read_state().unwrap();
+            assert_eq!(parses(), Some(1 + round));
+        }
+        assert_eq!(system::nvmlShutdown(), 0);
     }
 }

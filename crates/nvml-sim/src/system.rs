@@ -23,7 +23,8 @@ fn init(flags: c_uint) -> Result<(), NvmlCode> {
         return Err(NvmlCode::DriverNotLoaded);
     };
     let store = Store::new(dir);
-    let state = store.load().map_err(|e| {
+    let mut cache = gpuops_sim::store::StateCache::default();
+    let state = store.load_cached(&mut cache).map_err(|e| {
         report("loading the driver", &e);
         crate::code_for(&e)
     })?;
@@ -34,7 +35,7 @@ fn init(flags: c_uint) -> Result<(), NvmlCode> {
     *guard = Some(Driver {
         store,
         refs: 1,
-        cache: None,
+        cache,
         event_sets: Default::default(),
         next_event_set: 1,
         gpm_samples: Default::default(),

@@ -739,6 +739,39 @@ fn xid_events_reach_the_watcher_once() {
     });
 }
 
+/// A storm written in bursts while the watcher drains it: every XID arrives once and in order
+/// (fewer than the driver's queue holds are in flight, so none may be dropped), however the
+/// writes and the waits interleave.
+#[test]
+fn xids_written_in_bursts_while_the_watcher_drains_arrive_each_once_in_order() {
+    with_fleet("dgx-h100", |sim, gpus| {
+        let (watcher, _) = gpus.watch_xids(&all_gpus(gpus)).unwrap();
+        let store = sim.store.clone();
+        let writer = std::thread::spawn(move || {
+            for burst in 0..20u32 {
+                store
+                    .update(|s| {
+                        (0..25u32)
+                            .try_for_each(|i| s.inject_xid((burst * 25 + i) % 8, 13, None, None))
+                    })
+                    .unwrap()
+                    .unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        });
+        let mut seen = Vec::new();
+        while seen.len() < 500 {
+            match watcher.wait(5_000).unwrap() {
+                Some(GpuEvent::Xid { gpu, .. }) => seen.push(gpu),
+                other => panic!("after {} XIDs: {other:?}", seen.len()),
+            }
+        }
+        writer.join().unwrap();
+        assert_eq!(seen, (0..500u32).map(|n| n % 8).collect::<Vec<_>>());
+        assert_eq!(watcher.wait(50).unwrap(), None, "each delivered once");
+    });
+}
+
 #[test]
 fn xid_raised_before_watching_or_on_unwatched_gpus_is_not_delivered() {
     with_fleet("dgx-h100", |sim, gpus| {
