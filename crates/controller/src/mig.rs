@@ -11,9 +11,9 @@ use gpuops_autoscale::mig_demand::{
 };
 use gpuops_autoscale::{Event as AEvent, Millis, ScaleUp, Snapshot, Target};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -32,6 +32,167 @@ pub const CONFIGMAP_KEY: &str = "config.yaml";
 /// Names of the configs this reconciler generates; unreferenced ones are pruned.
 const GENERATED_PREFIX: &str = "gpuops-";
 const RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+/// On a MIG pool's MachineDeployment: the generated configs its nodes being bought are owed,
+/// one entry per node (JSON list of [`Owed`]). Written before the pool is scaled, so a crash
+/// between the two loses nothing; popped when a new node is labelled with the config.
+pub const OWED_ANNOTATION: &str = "gpuops.io/mig.owed-configs";
+
+/// One new node's generated config, owed until a node of the pool registers after `at`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owed {
+    pub config: String,
+    /// When the scale-up was decided (ms since the epoch).
+    pub at: Millis,
+    /// Devices per GPU the config gives: launched nodes count with it while they boot.
+    #[serde(default)]
+    pub layout: Vec<BTreeMap<String, u32>>,
+}
+
+/// Reads a pool's owed list (the annotation's text).
+///
+/// # Errors
+/// When the text is not a JSON list of owed configs, or one names no generated config; the
+/// message names the MachineDeployment and the annotation.
+pub fn parse_owed(pool: &str, text: &str) -> Result<Vec<Owed>, ControllerError> {
+    let bad = |why: String| {
+        ControllerError::Mig(format!(
+            "MachineDeployment {pool}: annotation {OWED_ANNOTATION}: {why}"
+        ))
+    };
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let owed: Vec<Owed> = serde_json::from_str(text).map_err(|e| {
+        bad(format!(
+            "{e} (want a JSON list of {{\"config\": \"gpuops-...\", \"at\": MILLIS}})"
+        ))
+    })?;
+    if let Some((i, o)) = owed
+        .iter()
+        .enumerate()
+        .find(|(_, o)| !o.config.starts_with(GENERATED_PREFIX))
+    {
+        return Err(bad(format!(
+            "entry {i}: config {:?} is not a generated config ({GENERATED_PREFIX}...)",
+            o.config
+        )));
+    }
+    Ok(owed)
+}
+
+/// The annotation's text for an owed list.
+pub fn owed_json(owed: &[Owed]) -> String {
+    serde_json::to_string(owed).unwrap_or_else(|_| "[]".into())
+}
+
+/// A node of the pool that registered and that nothing has labelled since.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootNode {
+    pub name: String,
+    /// Its creation time (ms).
+    pub registered: Millis,
+}
+
+/// What to do with a pool's owed configs this pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Assignment {
+    /// Node -> the owed config it is labelled with.
+    pub labels: Vec<(String, Owed)>,
+    /// Still owed: nodes not registered yet.
+    pub keep: Vec<Owed>,
+    /// Given up, with why (too old, or more owed than nodes still to come).
+    pub dropped: Vec<(Owed, String)>,
+}
+
+/// Matches owed configs to fresh nodes (pure): each entry, oldest first, labels the first
+/// node that registered at or after it; one entry labels one node. Entries older than
+/// `expire_ms` are dropped (their node timed out), and so are the oldest of those left beyond
+/// `to_register`, the nodes the pool still waits for (a scale that failed after its entries
+/// were written): a stale entry must not label a node bought later for something else.
+pub fn assign(
+    owed: &[Owed],
+    fresh: &[BootNode],
+    to_register: usize,
+    now: Millis,
+    expire_ms: Millis,
+) -> Assignment {
+    let mut out = Assignment::default();
+    let mut owed: Vec<Owed> = owed.to_vec();
+    owed.sort_by_key(|o| o.at);
+    let mut fresh: Vec<&BootNode> = fresh.iter().collect();
+    fresh.sort_by(|a, b| a.registered.cmp(&b.registered).then(a.name.cmp(&b.name)));
+    let mut used = vec![false; fresh.len()];
+    let mut left = Vec::new();
+    for o in owed {
+        if now.saturating_sub(o.at) > expire_ms {
+            out.dropped.push((
+                o,
+                format!("no node registered within {} s", expire_ms / 1000),
+            ));
+            continue;
+        }
+        let found = fresh
+            .iter()
+            .enumerate()
+            .find(|(i, n)| !used[*i] && n.registered >= o.at)
+            .map(|(i, _)| i);
+        match found {
+            Some(i) => {
+                used[i] = true;
+                out.labels.push((fresh[i].name.clone(), o));
+            }
+            None => left.push(o),
+        }
+    }
+    let excess = left.len().saturating_sub(to_register);
+    for o in left.drain(..excess) {
+        out.dropped.push((
+            o,
+            "more owed than nodes the pool still waits for (its scale-up did not happen)".into(),
+        ));
+    }
+    out.keep = left;
+    out
+}
+
+/// Devices per GPU of a generated config on a node with `gpus` GPUs (later entries win, as in
+/// mig-parted; generated configs carry no device filters). `None` for a config selecting no GPU.
+pub fn config_layout(
+    cfg: &gpuops_mig::config::NamedConfig,
+    gpus: u32,
+) -> Option<Vec<BTreeMap<String, u32>>> {
+    let mut out: Vec<Option<BTreeMap<String, u32>>> = vec![None; gpus as usize];
+    for e in &cfg.entries {
+        for (i, slot) in out.iter_mut().enumerate() {
+            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            let selected = match &e.devices {
+                gpuops_mig::config::Devices::All => true,
+                gpuops_mig::config::Devices::List(l) => l.contains(&i),
+            };
+            if selected {
+                *slot = Some(if e.mig_enabled {
+                    e.mig_devices.clone()
+                } else {
+                    BTreeMap::new()
+                });
+            }
+        }
+    }
+    if out.iter().all(Option::is_none) {
+        return None;
+    }
+    Some(out.into_iter().map(Option::unwrap_or_default).collect())
+}
+
+/// What the pools owe their booting nodes, and the layouts of the generated configs nodes
+/// are labelled with, for [`view`].
+#[derive(Debug, Clone, Default)]
+pub struct Boot {
+    /// Pool -> owed configs (after this pass's assignment).
+    pub owed: BTreeMap<String, Vec<Owed>>,
+    /// Config name -> devices per GPU (from the owed entries and the agents' ConfigMap).
+    pub layouts: BTreeMap<String, Vec<BTreeMap<String, u32>>>,
+}
 
 /// How the MIG demand reconciler runs.
 #[derive(Debug, Clone)]
@@ -114,6 +275,7 @@ pub fn is_mig_pod(p: &gpuops_autoscale::PendingPod) -> bool {
 pub fn view(
     nodes: &[Arc<Node>],
     snap: &Snapshot,
+    boot: &Boot,
 ) -> (Vec<MigNode>, Vec<MigPod>, Vec<MigPool>, Vec<String>) {
     let mut problems = Vec::new();
     let price: HashMap<&str, f64> = snap
@@ -231,26 +393,51 @@ pub fn view(
             })
         })
         .collect();
-    out.extend(pool_nodes(&out, snap, &pools));
+    let labels: HashMap<&str, &str> = nodes
+        .iter()
+        .filter_map(|n| {
+            Some((
+                n.metadata.name.as_deref()?,
+                n.metadata.labels.as_ref()?.get(CONFIG_LABEL)?.as_str(),
+            ))
+        })
+        .collect();
+    out.extend(pool_nodes(&out, snap, &pools, &labels, boot));
     (out, pods, pools, problems)
 }
 
 /// Nodes of MIG pools that publish no layout yet: those launched and not ready (replicas minus
-/// ready nodes) and ready ones without an agent's annotation, taken to have the pool's default
-/// layout, in flight (never re-partitioned). Pods they will hold are counted as served, so a
-/// pool is not bought twice for one need.
-fn pool_nodes(known: &[MigNode], snap: &Snapshot, pools: &[MigPool]) -> Vec<MigNode> {
+/// ready nodes) and ready ones without an agent's annotation, in flight (never re-partitioned).
+/// Each counts with the layout of the config its label names when `boot` knows it, a launched
+/// one not labelled yet with what its pool owes it, else with the pool's default layout. Pods
+/// they will hold are counted as served, so a pool is not bought twice for one need.
+fn pool_nodes(
+    known: &[MigNode],
+    snap: &Snapshot,
+    pools: &[MigPool],
+    labels: &HashMap<&str, &str>,
+    boot: &Boot,
+) -> Vec<MigNode> {
     let mut out = Vec::new();
     for pool in pools {
-        let Some((config, layout)) = &pool.default_config else {
+        let Some((default_name, default_layout)) = &pool.default_config else {
             continue;
+        };
+        let layout_of = |label: Option<&str>| -> (String, Vec<BTreeMap<String, u32>>) {
+            match label.and_then(|l| Some((l, boot.layouts.get(l)?))) {
+                Some((l, layout)) if l != default_name => (l.to_string(), layout.clone()),
+                _ => (default_name.clone(), default_layout.clone()),
+            }
         };
         let ready: Vec<&gpuops_autoscale::Node> = snap
             .nodes
             .iter()
             .filter(|n| n.pool.as_deref() == Some(pool.name.as_str()))
             .collect();
-        let synth = |name: String, used: &BTreeMap<String, u64>| {
+        let synth = |name: String,
+                     config: String,
+                     layout: &[BTreeMap<String, u32>],
+                     used: &BTreeMap<String, u64>| {
             let mut used = used.clone();
             let gpus = layout
                 .iter()
@@ -281,7 +468,7 @@ fn pool_nodes(known: &[MigNode], snap: &Snapshot, pools: &[MigPool]) -> Vec<MigN
                 pool: Some(pool.name.clone()),
                 model: pool.model.clone(),
                 price_per_hour: pool.price_per_hour,
-                config: config.clone(),
+                config,
                 state: MigNodeState::Success,
                 changed_at: None,
                 unschedulable: false,
@@ -295,7 +482,8 @@ fn pool_nodes(known: &[MigNode], snap: &Snapshot, pools: &[MigPool]) -> Vec<MigN
             if known.iter().any(|k| k.name == n.name) {
                 continue;
             }
-            // Used = the template's count minus what is free now.
+            let (config, layout) = layout_of(n.labels.get(CONFIG_LABEL).map(String::as_str));
+            // Used = the layout's count minus what is free now.
             let per_node: BTreeMap<String, u64> =
                 layout.iter().fold(BTreeMap::new(), |mut a, g| {
                     for (k, v) in g {
@@ -314,7 +502,7 @@ fn pool_nodes(known: &[MigNode], snap: &Snapshot, pools: &[MigPool]) -> Vec<MigN
                     (k.clone(), total.saturating_sub(free))
                 })
                 .collect();
-            let mut node = synth(n.name.clone(), &used);
+            let mut node = synth(n.name.clone(), config, &layout, &used);
             node.cpu_free_milli = n.cpu_free_milli;
             node.memory_free_mib = n.memory_free_mib;
             out.push(node);
@@ -325,11 +513,42 @@ fn pool_nodes(known: &[MigNode], snap: &Snapshot, pools: &[MigPool]) -> Vec<MigN
             .find(|p| p.name == pool.name)
             .map_or(0, |p| p.replicas as usize)
             .saturating_sub(ready.len());
+        // Registered, not ready, already labelled with a generated config: that layout.
+        let mut booting: Vec<(String, String, Vec<BTreeMap<String, u32>>)> = snap
+            .machines
+            .iter()
+            .filter(|m| m.pool == pool.name)
+            .filter_map(|m| {
+                let node = m.node.as_deref()?;
+                if known.iter().any(|k| k.name == node) {
+                    return None;
+                }
+                let (config, layout) = layout_of(labels.get(node).copied());
+                (config != *default_name).then(|| (node.to_string(), config, layout))
+            })
+            .collect();
+        booting.sort();
+        let owed = boot.owed.get(&pool.name).map_or(&[][..], Vec::as_slice);
+        let mut owed_iter = owed.iter().filter(|o| !o.layout.is_empty());
         for i in 0..launched {
-            out.push(synth(
-                format!("{}/launched-{i}", pool.name),
-                &BTreeMap::new(),
-            ));
+            let node = if let Some((name, config, layout)) = booting.get(i) {
+                synth(name.clone(), config.clone(), layout, &BTreeMap::new())
+            } else if let Some(o) = owed_iter.next() {
+                synth(
+                    format!("{}/launched-{i}", pool.name),
+                    o.config.clone(),
+                    &o.layout,
+                    &BTreeMap::new(),
+                )
+            } else {
+                synth(
+                    format!("{}/launched-{i}", pool.name),
+                    default_name.clone(),
+                    default_layout,
+                    &BTreeMap::new(),
+                )
+            };
+            out.push(node);
         }
     }
     out
@@ -383,6 +602,66 @@ pub struct MigPass {
     pub scale_ups: Vec<ScaleUp>,
     pub decision: MigDecision,
     pub error: Option<ControllerError>,
+    /// MachineDeployments this pass wrote (owed lists), as the API server returned them: the
+    /// runtime scales from these, not from its cache.
+    pub updated_mds: HashMap<String, Value>,
+    /// What MIG pools owe their booting nodes.
+    pub owed: Vec<OwedStatus>,
+}
+
+/// One owed config, for the status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwedStatus {
+    pub pool: String,
+    pub config: String,
+    pub at: Millis,
+}
+
+/// The pool's registered nodes nothing has labelled since (still on `default`, no
+/// `gpuops.io/mig.config.changed-at`) with their creation times, and how many nodes of the pool
+/// have registered at all (pure).
+pub fn boot_nodes(
+    pool: &str,
+    default: &str,
+    nodes: &[Arc<Node>],
+    snap: &Snapshot,
+) -> (Vec<BootNode>, usize) {
+    let names: BTreeSet<&str> = snap
+        .nodes
+        .iter()
+        .filter(|n| n.pool.as_deref() == Some(pool))
+        .map(|n| n.name.as_str())
+        .chain(
+            snap.machines
+                .iter()
+                .filter(|m| m.pool == pool)
+                .filter_map(|m| m.node.as_deref()),
+        )
+        .collect();
+    let fresh = nodes
+        .iter()
+        .filter_map(|n| {
+            let name = n.metadata.name.as_deref()?;
+            if !names.contains(name) {
+                return None;
+            }
+            let label = n.metadata.labels.as_ref().and_then(|l| l.get(CONFIG_LABEL));
+            let touched = n
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(CHANGED_ANNOTATION));
+            if touched || label.is_some_and(|l| l != default) {
+                return None;
+            }
+            let t = serde_json::to_value(n.metadata.creation_timestamp.as_ref()?).ok()?;
+            Some(BootNode {
+                name: name.to_string(),
+                registered: crate::snapshot::parse_rfc3339(t.as_str()?)?,
+            })
+        })
+        .collect();
+    (fresh, names.len())
 }
 
 impl Mig {
@@ -400,20 +679,182 @@ impl Mig {
         }
     }
 
-    /// One pass: decide on `nodes` and `snap`, write configs and labels (unless `dry_run`),
-    /// and take the MIG pods out of `snap.pending` so the node-pool decision leaves them to it.
+    /// One pass: label new nodes with the configs their pools owe them, decide on `nodes`
+    /// and `snap`, write configs and labels (unless `dry_run`), record what a scale-up with a
+    /// generated config owes its pool, and take the MIG pods out of `snap.pending` so the
+    /// node-pool decision leaves them to it.
+    #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
     pub async fn pass(
         &self,
         client: &kube::Client,
         namespace: &str,
         nodes: &[Arc<Node>],
+        mds: &[Value],
         snap: &mut Snapshot,
         now: Millis,
         dry_run: bool,
     ) -> MigPass {
-        let (mig_nodes, pods, pools, problems) = view(nodes, snap);
-        snap.pending.retain(|p| !is_mig_pod(p));
         let mut out = MigPass::default();
+        let mut boot = Boot::default();
+        let mut bad_pools: BTreeSet<String> = BTreeSet::new();
+        // 1. What each MIG pool owes, and the new nodes that take it.
+        for pool in &snap.pools {
+            let Some(default) = pool.template.labels.get(CONFIG_LABEL) else {
+                continue;
+            };
+            let Some(md) = mds
+                .iter()
+                .find(|m| gpuops_autoscale::pool::pool_name(m) == pool.name)
+            else {
+                continue;
+            };
+            let text = md["metadata"]["annotations"][OWED_ANNOTATION]
+                .as_str()
+                .unwrap_or("");
+            let owed = match parse_owed(&pool.name, text) {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    bad_pools.insert(pool.name.clone());
+                    out.error.get_or_insert(e);
+                    continue;
+                }
+            };
+            if owed.is_empty() {
+                continue;
+            }
+            let (fresh, registered) = boot_nodes(&pool.name, default, nodes, snap);
+            let t = &pool.timeouts;
+            let expire =
+                u64::try_from((t.provision + t.registration).as_millis()).unwrap_or(u64::MAX);
+            let a = assign(
+                &owed,
+                &fresh,
+                (pool.replicas as usize).saturating_sub(registered),
+                now,
+                expire,
+            );
+            let keep = if dry_run || (a.labels.is_empty() && a.dropped.is_empty()) {
+                owed.clone()
+            } else {
+                match self.write_owed(client, &pool.name, md, &a.keep).await {
+                    Ok(updated) => {
+                        out.updated_mds.insert(pool.name.clone(), updated);
+                        for (o, why) in &a.dropped {
+                            out.events.push(AEvent {
+                                target: Target::Pool(pool.name.clone()),
+                                reason: "MIGLayoutNotOwed".into(),
+                                message: format!(
+                                    "MIG config {} owed since {} no longer owed: {why}",
+                                    o.config, o.at
+                                ),
+                                warning: true,
+                            });
+                        }
+                        // Popped first: a crash now leaves a node with the pool's default
+                        // (re-partitioned later), never a second node with this config.
+                        let nodes_api: Api<Node> = Api::all(client.clone());
+                        for (node, o) in &a.labels {
+                            match label(&nodes_api, node, &o.config).await {
+                                Ok(()) => out.events.push(AEvent {
+                                    target: Target::Node(node.clone()),
+                                    reason: "MIGLayoutAtBoot".into(),
+                                    message: format!(
+                                        "new node {node} of pool {} labelled {CONFIG_LABEL}={} (bought for that layout)",
+                                        pool.name, o.config
+                                    ),
+                                    warning: false,
+                                }),
+                                Err(e) => {
+                                    out.error.get_or_insert(e);
+                                }
+                            }
+                        }
+                        a.keep.clone()
+                    }
+                    Err(e) => {
+                        out.error.get_or_insert(e);
+                        owed.clone()
+                    }
+                }
+            };
+            for o in &keep {
+                if !o.layout.is_empty() {
+                    boot.layouts.insert(o.config.clone(), o.layout.clone());
+                }
+            }
+            boot.owed.insert(pool.name.clone(), keep);
+        }
+        // 2. Layouts of generated configs on nodes no agent reports yet.
+        let agentless_generated = nodes.iter().any(|n| {
+            parse_layout(n).is_none()
+                && n.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(CONFIG_LABEL))
+                    .is_some_and(|c| {
+                        c.starts_with(GENERATED_PREFIX) && !boot.layouts.contains_key(c)
+                    })
+        });
+        if agentless_generated {
+            match self.read_configmap(client, namespace).await {
+                Ok((text, _)) => {
+                    let origin = format!(
+                        "ConfigMap {namespace}/{} key {CONFIGMAP_KEY}",
+                        self.opts.configmap
+                    );
+                    match gpuops_mig::config::parse(&text, &origin) {
+                        Ok(all) => {
+                            for c in all
+                                .configs
+                                .iter()
+                                .filter(|c| c.name.starts_with(GENERATED_PREFIX))
+                            {
+                                let gpus = c
+                                    .entries
+                                    .iter()
+                                    .filter_map(|e| match &e.devices {
+                                        gpuops_mig::config::Devices::List(l) => {
+                                            l.iter().max().map(|m| m + 1)
+                                        }
+                                        gpuops_mig::config::Devices::All => None,
+                                    })
+                                    .max()
+                                    .unwrap_or(0);
+                                for pool in &snap.pools {
+                                    let n = pool
+                                        .template
+                                        .labels
+                                        .get("nvidia.com/gpu.count")
+                                        .and_then(|v| v.parse().ok())
+                                        .unwrap_or(1u32)
+                                        .max(gpus);
+                                    if let Some(l) = config_layout(c, n) {
+                                        boot.layouts.entry(c.name.clone()).or_insert(l);
+                                    }
+                                }
+                            }
+                        }
+                        Err(e) => tracing::warn!("{e}"),
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the MIG ConfigMap"),
+            }
+        }
+        out.owed = boot
+            .owed
+            .iter()
+            .flat_map(|(pool, v)| {
+                v.iter().map(|o| OwedStatus {
+                    pool: pool.clone(),
+                    config: o.config.clone(),
+                    at: o.at,
+                })
+            })
+            .collect();
+        // 3. The decision.
+        let (mig_nodes, pods, pools, problems) = view(nodes, snap, &boot);
+        snap.pending.retain(|p| !is_mig_pod(p));
         for p in problems {
             tracing::warn!("{p}");
         }
@@ -431,6 +872,18 @@ impl Mig {
             now,
             &self.opts.decision,
         );
+        let owed_names: BTreeSet<String> = boot
+            .owed
+            .values()
+            .flatten()
+            .map(|o| o.config.clone())
+            .chain(
+                d.scale_ups
+                    .iter()
+                    .filter(|su| su.config_name.starts_with(GENERATED_PREFIX))
+                    .map(|su| su.config_name.clone()),
+            )
+            .collect();
         if !dry_run {
             for n in nodes {
                 if let Some(ev) = self.revert_failed(client, n).await {
@@ -443,7 +896,19 @@ impl Mig {
                 }
             }
             if !d.changes.is_empty() {
-                let r = self.write_changes(client, namespace, nodes, &d).await;
+                let add: Vec<&NamedConfigYaml> = d.changes.iter().map(|c| &c.config).collect();
+                let mut r = self
+                    .write_configs(client, namespace, nodes, &add, &owed_names)
+                    .await;
+                if r.is_ok() {
+                    let nodes_api: Api<Node> = Api::all(client.clone());
+                    for c in &d.changes {
+                        r = label(&nodes_api, &c.node, &c.config_name).await;
+                        if r.is_err() {
+                            break;
+                        }
+                    }
+                }
                 match r {
                     Ok(()) => {
                         for c in &d.changes {
@@ -473,43 +938,84 @@ impl Mig {
                 }
             }
         }
+        // 4. Scale-ups: the pool's own config as it is; a generated one written into the
+        // ConfigMap and owed to the pool (recorded before the runtime scales it).
         for su in &d.scale_ups {
-            let pool = snap.pools.iter().find(|p| p.name == su.pool);
-            let default = pool.and_then(|p| p.template.labels.get(CONFIG_LABEL));
-            match pool {
-                Some(p) if default == Some(&su.config_name) => {
-                    out.scale_ups.push(ScaleUp {
-                        pool: su.pool.clone(),
-                        from: p.replicas,
-                        to: p.replicas + su.nodes,
-                        pods: su.pods.clone(),
-                        triggered_by: su.pods.clone(),
-                        message: su.message.clone(),
+            let Some(p) = snap.pools.iter().find(|p| p.name == su.pool) else {
+                continue;
+            };
+            let default = p.template.labels.get(CONFIG_LABEL);
+            let generated = default != Some(&su.config_name);
+            if generated && bad_pools.contains(&su.pool) {
+                for pod in &su.pods {
+                    out.events.push(AEvent {
+                        target: Target::Pod(pod.clone()),
+                        reason: "NotTriggerScaleUp".into(),
+                        message: format!(
+                            "{}; not bought: annotation {OWED_ANNOTATION} of MachineDeployment {} does not parse",
+                            su.message, su.pool
+                        ),
+                        warning: true,
                     });
-                    for pod in &su.pods {
-                        out.events.push(AEvent {
-                            target: Target::Pod(pod.clone()),
-                            reason: "TriggeredScaleUp".into(),
-                            message: su.message.clone(),
-                            warning: false,
+                }
+                continue;
+            }
+            if generated && !dry_run {
+                let r = match self
+                    .write_configs(client, namespace, nodes, &[&su.config], &owed_names)
+                    .await
+                {
+                    Ok(()) => {
+                        let md = out.updated_mds.get(&su.pool).cloned().or_else(|| {
+                            mds.iter()
+                                .find(|m| gpuops_autoscale::pool::pool_name(m) == su.pool)
+                                .cloned()
                         });
+                        let mut owed = boot.owed.get(&su.pool).cloned().unwrap_or_default();
+                        owed.extend((0..su.nodes).map(|_| Owed {
+                            config: su.config_name.clone(),
+                            at: now,
+                            layout: su.layout.clone(),
+                        }));
+                        match md {
+                            Some(md) => self.write_owed(client, &su.pool, &md, &owed).await,
+                            None => continue,
+                        }
+                    }
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(updated) => {
+                        out.updated_mds.insert(su.pool.clone(), updated);
+                    }
+                    Err(e) => {
+                        out.error.get_or_insert(e);
+                        continue;
                     }
                 }
-                _ => {
-                    for pod in &su.pods {
-                        out.events.push(AEvent {
-                            target: Target::Pod(pod.clone()),
-                            reason: "NotTriggerScaleUp".into(),
-                            message: format!(
-                                "{}; not bought: pool {} comes up with {}, and a pool's nodes are not re-labelled at boot",
-                                su.message,
-                                su.pool,
-                                default.map_or("no MIG config", String::as_str)
-                            ),
-                            warning: true,
-                        });
-                    }
-                }
+            }
+            out.scale_ups.push(ScaleUp {
+                pool: su.pool.clone(),
+                from: p.replicas,
+                to: p.replicas + su.nodes,
+                pods: su.pods.clone(),
+                triggered_by: su.pods.clone(),
+                message: su.message.clone(),
+            });
+            for pod in &su.pods {
+                out.events.push(AEvent {
+                    target: Target::Pod(pod.clone()),
+                    reason: "TriggeredScaleUp".into(),
+                    message: if generated {
+                        format!(
+                            "{}; its new node(s) are labelled {} when they register",
+                            su.message, su.config_name
+                        )
+                    } else {
+                        su.message.clone()
+                    },
+                    warning: false,
+                });
             }
         }
         match self.memory.lock() {
@@ -520,28 +1026,41 @@ impl Mig {
         out
     }
 
-    /// Writes the chosen configs into the agents' ConfigMap, then labels the nodes: a label
-    /// naming a config the ConfigMap lacks would only fail.
-    async fn write_changes(
+    async fn read_configmap(
         &self,
         client: &kube::Client,
         namespace: &str,
-        nodes: &[Arc<Node>],
-        d: &MigDecision,
-    ) -> Result<(), ControllerError> {
+    ) -> Result<(String, Option<String>), ControllerError> {
         let name = &self.opts.configmap;
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-        let what = |verb: &str| format!("{verb} MIG ConfigMap {namespace}/{name}");
         let cm = api.get(name).await.map_err(|source| ControllerError::Api {
-            what: what("reading"),
+            what: format!("reading MIG ConfigMap {namespace}/{name}"),
             source,
         })?;
-        let existing = cm
+        let text = cm
             .data
             .as_ref()
             .and_then(|d| d.get(CONFIGMAP_KEY))
             .cloned()
             .unwrap_or_default();
+        Ok((text, cm.metadata.resource_version))
+    }
+
+    /// Merges `add` into the agents' ConfigMap; generated configs still named by a node label,
+    /// a node's applied config or an owed entry (`owed`) are kept. Before any label names
+    /// them: a label naming a config the ConfigMap lacks would only fail.
+    async fn write_configs(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        nodes: &[Arc<Node>],
+        add: &[&NamedConfigYaml],
+        owed: &BTreeSet<String>,
+    ) -> Result<(), ControllerError> {
+        let name = &self.opts.configmap;
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        let what = |verb: &str| format!("{verb} MIG ConfigMap {namespace}/{name}");
+        let (existing, rv) = self.read_configmap(client, namespace).await?;
         let mut referenced: BTreeSet<String> = nodes
             .iter()
             .filter_map(|n| n.metadata.labels.as_ref()?.get(CONFIG_LABEL).cloned())
@@ -550,18 +1069,18 @@ impl Mig {
             let l = parse_layout(n)?.ok()?;
             l.applied
         }));
-        let add: Vec<&NamedConfigYaml> = d.changes.iter().map(|c| &c.config).collect();
+        referenced.extend(owed.iter().cloned());
         let text = merge_configs(
             &existing,
             &format!("ConfigMap {namespace}/{name} key {CONFIGMAP_KEY}"),
-            &add,
+            add,
             &referenced,
         )?;
         if text != existing {
             // The resourceVersion makes a concurrent edit (helm, a person) a conflict, retried
             // next pass from what is there then.
             let patch = json!({
-                "metadata": {"resourceVersion": cm.metadata.resource_version},
+                "metadata": {"resourceVersion": rv},
                 "data": {CONFIGMAP_KEY: text},
             });
             api.patch(
@@ -575,11 +1094,40 @@ impl Mig {
                 source,
             })?;
         }
-        let nodes_api: Api<Node> = Api::all(client.clone());
-        for c in &d.changes {
-            label(&nodes_api, &c.node, &c.config_name).await?;
-        }
         Ok(())
+    }
+
+    /// Sets a pool's owed list on its MachineDeployment, guarded by the resourceVersion `md`
+    /// was read at (a concurrent change is a conflict, redone next pass). Returns the updated
+    /// object: the scale patch that follows needs its resourceVersion.
+    async fn write_owed(
+        &self,
+        client: &kube::Client,
+        pool: &str,
+        md: &Value,
+        owed: &[Owed],
+    ) -> Result<Value, ControllerError> {
+        let (ns, name) = pool.split_once('/').unwrap_or(("default", pool));
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &crate::act::capi("MachineDeployment"));
+        let value = if owed.is_empty() {
+            Value::Null
+        } else {
+            Value::String(owed_json(owed))
+        };
+        let patch = json!({"metadata": {
+            "resourceVersion": md["metadata"]["resourceVersion"],
+            "annotations": {OWED_ANNOTATION: value},
+        }});
+        let updated = api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| ControllerError::Api {
+                what: format!("writing annotation {OWED_ANNOTATION} of MachineDeployment {pool}"),
+                source,
+            })?;
+        serde_json::to_value(&updated)
+            .map_err(|e| ControllerError::Mig(format!("MachineDeployment {pool} as JSON: {e}")))
     }
 
     /// A node whose change to one of our configs failed goes back to the config it last

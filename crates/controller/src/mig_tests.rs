@@ -63,7 +63,7 @@ fn the_view_reads_the_agents_layout_and_states_and_only_single_profile_mig_pods(
         ..Snapshot::default()
     };
     snap.pending[1].gpu_count = 1;
-    let (mig_nodes, pods, pools, problems) = view(&nodes, &snap);
+    let (mig_nodes, pods, pools, problems) = view(&nodes, &snap, &Boot::default());
     let names: Vec<&str> = mig_nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["applied", "asked", "failed"]);
     assert_eq!(mig_nodes[0].state, MigNodeState::Success);
@@ -231,7 +231,7 @@ fn a_mig_pool_buys_once_and_its_launched_node_counts_until_it_publishes_a_layout
         batch_idle: std::time::Duration::ZERO,
         ..MigConfig::default()
     };
-    let (nodes, pods, pools, _) = view(&[], &snap);
+    let (nodes, pods, pools, _) = view(&[], &snap, &Boot::default());
     assert_eq!(pools.len(), 1);
     assert_eq!(
         pools[0].default_config,
@@ -249,7 +249,7 @@ fn a_mig_pool_buys_once_and_its_launched_node_counts_until_it_publishes_a_layout
     );
     // Replicas raised, the node not ready: its layout holds both pods, nothing bought again.
     snap.pools = vec![mig_pool(1)];
-    let (nodes, pods, pools, _) = view(&[], &snap);
+    let (nodes, pods, pools, _) = view(&[], &snap, &Boot::default());
     assert_eq!(nodes.len(), 1);
     assert!(nodes[0].in_flight);
     let d = decide_mig(&nodes, &pods, &pools, &mut mem, 11_000, &cfg);

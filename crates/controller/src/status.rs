@@ -37,6 +37,9 @@ pub struct Status {
     /// MIG changes under way or failed (the MIG demand reconciler's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_changes: Vec<crate::mig::MigChangeStatus>,
+    /// Generated MIG configs pools owe nodes being bought (one entry per node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_owed: Vec<crate::mig::OwedStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,6 +198,7 @@ pub fn build(
         blocked,
         decisions,
         mig_changes: Vec::new(),
+        mig_owed: Vec::new(),
     }
 }
 
@@ -247,6 +251,7 @@ pub fn add_mig(s: &mut Status, pass: &crate::mig::MigPass) {
     new.truncate(HISTORY);
     s.decisions = new;
     s.mig_changes = pass.status.clone();
+    s.mig_owed = pass.owed.clone();
 }
 
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -360,6 +365,21 @@ pub fn render_table(s: &Status) -> String {
             })
             .collect();
         out.push_str(&table(&["NODE", "MIG FROM", "TO", "STATE", "WHY"], &rows));
+        out.push('\n');
+    }
+    if !s.mig_owed.is_empty() {
+        let rows: Vec<Vec<String>> = s
+            .mig_owed
+            .iter()
+            .map(|o| {
+                vec![
+                    o.pool.clone(),
+                    o.config.clone(),
+                    gpuops_kube::rfc3339(o.at / 1000),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["POOL", "OWED MIG CONFIG", "SINCE"], &rows));
         out.push('\n');
     }
     if s.decisions.is_empty() {
