@@ -256,3 +256,246 @@ fn a_mig_pool_buys_once_and_its_launched_node_counts_until_it_publishes_a_layout
     assert!(d.scale_ups.is_empty(), "{d:?}");
     assert_eq!(d.served_by_free.len(), 2, "{d:?}");
 }
+
+/// A pool coming up with 7x `1g.10gb`: a `3g.40gb` pod needs a generated layout.
+fn mig_1g_pool(replicas: u32) -> gpuops_autoscale::Pool {
+    let mut p = mig_pool(replicas);
+    p.template.scalars = BTreeMap::from([("nvidia.com/mig-1g.10gb".to_string(), 7)]);
+    p.template
+        .labels
+        .insert(CONFIG_LABEL.to_string(), "all-1g.10gb".to_string());
+    p
+}
+
+fn owed(config: &str, at: Millis) -> Owed {
+    Owed {
+        config: config.into(),
+        at,
+        layout: vec![BTreeMap::from([
+            ("3g.40gb".to_string(), 1),
+            ("1g.10gb".to_string(), 4),
+        ])],
+    }
+}
+
+#[test]
+fn an_owed_list_survives_its_annotation_text() {
+    let list = vec![owed("gpuops-aaaa", 1000), owed("gpuops-bbbb", 2000)];
+    assert_eq!(
+        parse_owed("default/a100", &owed_json(&list)).unwrap(),
+        list
+    );
+    assert_eq!(parse_owed("default/a100", "").unwrap(), vec![]);
+    // Without a layout (written by hand): still an entry.
+    assert_eq!(
+        parse_owed("default/a100", r#"[{"config":"gpuops-aaaa","at":5}]"#).unwrap()[0].at,
+        5
+    );
+}
+
+#[test]
+fn a_bad_owed_list_names_the_machine_deployment_and_the_annotation() {
+    for (text, why) in [
+        ("{not json", "expected a sequence"),
+        (r#"{"config":"gpuops-a","at":1}"#, "want a JSON list"),
+        (r#"[{"config":"gpuops-a"}]"#, "missing field `at`"),
+        (r#"[{"config":"gpuops-a","at":-1}]"#, "invalid value"),
+        (
+            r#"[{"config":"gpuops-a","at":1},{"config":"all-1g.10gb","at":2}]"#,
+            "entry 1: config \"all-1g.10gb\" is not a generated config",
+        ),
+    ] {
+        let e = parse_owed("default/a100", text).unwrap_err().to_string();
+        assert!(
+            e.contains("MachineDeployment default/a100: annotation gpuops.io/mig.owed-configs")
+                && e.contains(why),
+            "{text}: {e}"
+        );
+    }
+}
+
+fn fresh(name: &str, registered: Millis) -> BootNode {
+    BootNode {
+        name: name.into(),
+        registered,
+    }
+}
+
+#[test]
+fn one_owed_entry_labels_exactly_one_node_that_registered_after_it() {
+    let list = vec![owed("gpuops-aaaa", 10_000)];
+    // An older node (registered before the scale-up) is not the one bought for it.
+    let a = assign(
+        &list,
+        &[fresh("old", 9_000), fresh("new-2", 12_000), fresh("new-1", 11_000)],
+        0,
+        20_000,
+        60_000,
+    );
+    assert_eq!(a.labels.len(), 1);
+    assert_eq!(a.labels[0].0, "new-1");
+    assert!(a.keep.is_empty() && a.dropped.is_empty(), "{a:?}");
+    // Two entries, oldest first, each its own node.
+    let list = vec![owed("gpuops-bbbb", 10_500), owed("gpuops-aaaa", 10_000)];
+    let a = assign(
+        &list,
+        &[fresh("new-2", 12_000), fresh("new-1", 11_000)],
+        0,
+        20_000,
+        60_000,
+    );
+    let got: Vec<(&str, &str)> = a
+        .labels
+        .iter()
+        .map(|(n, o)| (n.as_str(), o.config.as_str()))
+        .collect();
+    assert_eq!(got, [("new-1", "gpuops-aaaa"), ("new-2", "gpuops-bbbb")]);
+}
+
+#[test]
+fn an_owed_entry_waits_for_its_node_then_expires() {
+    let list = vec![owed("gpuops-aaaa", 10_000)];
+    let a = assign(&list, &[fresh("old", 9_000)], 1, 20_000, 60_000);
+    assert!(a.labels.is_empty());
+    assert_eq!(a.keep, list);
+    // Past the provisioning stages: its node timed out; a node registering later is not it.
+    let a = assign(&list, &[fresh("late", 80_000)], 1, 80_001, 60_000);
+    assert!(a.labels.is_empty() && a.keep.is_empty(), "{a:?}");
+    assert_eq!(a.dropped.len(), 1);
+    assert!(a.dropped[0].1.contains("no node registered within 60 s"));
+}
+
+#[test]
+fn owed_entries_beyond_the_nodes_still_to_come_are_dropped_oldest_first() {
+    // Two entries, one node still to register (the second scale-up failed after recording).
+    let list = vec![owed("gpuops-aaaa", 10_000), owed("gpuops-bbbb", 11_000)];
+    let a = assign(&list, &[], 1, 20_000, 60_000);
+    assert_eq!(a.keep.len(), 1);
+    assert_eq!(a.keep[0].config, "gpuops-bbbb");
+    assert_eq!(a.dropped[0].0.config, "gpuops-aaaa");
+    assert!(a.dropped[0].1.contains("did not happen"), "{a:?}");
+}
+
+#[test]
+fn a_generated_config_gives_its_layout_per_gpu() {
+    let text = "version: v1\nmig-configs:\n  gpuops-abcd:\n  - devices: [0]\n    mig-enabled: true\n    mig-devices: {3g.40gb: 1, 1g.10gb: 4}\n  - devices: [1]\n    mig-enabled: false\n";
+    let all = gpuops_mig::config::parse(text, "t").unwrap();
+    let l = config_layout(all.get("gpuops-abcd").unwrap(), 2).unwrap();
+    assert_eq!(
+        l,
+        vec![
+            BTreeMap::from([("1g.10gb".to_string(), 4), ("3g.40gb".to_string(), 1)]),
+            BTreeMap::new()
+        ]
+    );
+}
+
+#[test]
+fn fresh_nodes_are_the_pools_registered_ones_nothing_labelled() {
+    let created = |name: &str, labels: &[(&str, &str)], ann: &[(&str, &str)]| {
+        let mut n = (*node(name, labels, ann)).clone();
+        n.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-12-01T10:00:00Z".parse().unwrap(),
+        ));
+        Arc::new(n)
+    };
+    let nodes = vec![
+        created("booting", &[(CONFIG_LABEL, "all-1g.10gb")], &[]),
+        created(
+            "labelled",
+            &[(CONFIG_LABEL, "gpuops-aaaa")],
+            &[(CHANGED_ANNOTATION, "2026-12-01T10:00:01Z")],
+        ),
+        created(
+            "touched",
+            &[(CONFIG_LABEL, "all-1g.10gb")],
+            &[(CHANGED_ANNOTATION, "2026-12-01T10:00:01Z")],
+        ),
+        created("other-pool", &[(CONFIG_LABEL, "all-1g.10gb")], &[]),
+    ];
+    let machine = |node: &str, pool: &str| gpuops_autoscale::Machine {
+        name: format!("default/{node}"),
+        pool: pool.into(),
+        node: Some(node.into()),
+        stage: gpuops_autoscale::Stage::Registered,
+        stage_since: 0,
+        failed: false,
+    };
+    let snap = Snapshot {
+        pools: vec![mig_1g_pool(3)],
+        machines: vec![
+            machine("booting", "default/a100"),
+            machine("labelled", "default/a100"),
+            machine("touched", "default/a100"),
+            machine("other-pool", "default/h100"),
+        ],
+        ..Snapshot::default()
+    };
+    let (fresh, registered) = boot_nodes("default/a100", "all-1g.10gb", &nodes, &snap);
+    assert_eq!(registered, 3);
+    assert_eq!(fresh.len(), 1);
+    assert_eq!(fresh[0].name, "booting");
+    assert_eq!(fresh[0].registered, 1_796_119_200_000);
+}
+
+#[test]
+fn a_launched_node_counts_with_what_its_pool_owes_it_so_one_need_buys_one_node() {
+    let mut snap = Snapshot {
+        pending: vec![
+            mig_pod("default/big", "nvidia.com/mig-3g.40gb", 1),
+            mig_pod("default/small", "nvidia.com/mig-1g.10gb", 1),
+        ],
+        pools: vec![mig_1g_pool(0)],
+        ..Snapshot::default()
+    };
+    let cfg = MigConfig {
+        batch_idle: std::time::Duration::ZERO,
+        ..MigConfig::default()
+    };
+    let mut mem = MigMemory::default();
+    let (nodes, pods, pools, _) = view(&[], &snap, &Boot::default());
+    let d = decide_mig(&nodes, &pods, &pools, &mut mem, 10_000, &cfg);
+    assert_eq!(d.scale_ups.len(), 1, "{d:?}");
+    let su = &d.scale_ups[0];
+    assert!(su.config_name.starts_with("gpuops-"), "{su:?}");
+    assert!(su.layout[0].contains_key("3g.40gb"), "{su:?}");
+    // Recorded and scaled; the node not registered yet: it counts with the owed layout.
+    snap.pools = vec![mig_1g_pool(1)];
+    let mut boot = Boot::default();
+    boot.owed.insert(
+        "default/a100".into(),
+        vec![Owed {
+            config: su.config_name.clone(),
+            at: 10_000,
+            layout: su.layout.clone(),
+        }],
+    );
+    let (nodes, pods, pools, _) = view(&[], &snap, &boot);
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0].config, su.config_name);
+    let d2 = decide_mig(&nodes, &pods, &pools, &mut mem, 11_000, &cfg);
+    assert!(d2.scale_ups.is_empty(), "{d2:?}");
+    assert_eq!(d2.served_by_free.len(), 2, "{d2:?}");
+    // Without the owed entry it would count with the template's 7x 1g.10gb: bought again.
+    let (nodes, pods, pools, _) = view(&[], &snap, &Boot::default());
+    let d3 = decide_mig(&nodes, &pods, &pools, &mut mem, 12_000, &cfg);
+    assert_eq!(d3.scale_ups.len(), 1, "{d3:?}");
+    // Registered and labelled (the entry popped): the label's layout from the ConfigMap.
+    let labelled = node("new", &[(CONFIG_LABEL, su.config_name.as_str())], &[]);
+    snap.machines = vec![gpuops_autoscale::Machine {
+        name: "default/new".into(),
+        pool: "default/a100".into(),
+        node: Some("new".into()),
+        stage: gpuops_autoscale::Stage::Devices,
+        stage_since: 0,
+        failed: false,
+    }];
+    let mut boot = Boot::default();
+    boot.layouts
+        .insert(su.config_name.clone(), su.layout.clone());
+    let (nodes, pods, pools, _) = view(&[labelled], &snap, &boot);
+    assert_eq!(nodes.len(), 1);
+    assert_eq!((nodes[0].name.as_str(), nodes[0].config.as_str()), ("new", su.config_name.as_str()));
+    let d4 = decide_mig(&nodes, &pods, &pools, &mut mem, 13_000, &cfg);
+    assert!(d4.scale_ups.is_empty(), "{d4:?}");
+}

@@ -334,6 +334,7 @@ pub(crate) fn device_actions(
 }
 
 /// The provider's whole plan for one observation of the cluster.
+#[cfg(test)]
 pub(crate) fn plan(machines: &[MachineView], nodes: &[NodeView]) -> Vec<Action> {
     plan_with(machines, nodes, &HashMap::new())
 }
@@ -387,7 +388,8 @@ pub(crate) fn mig_devices(
     Ok(out)
 }
 
-/// [`plan`] with the text of the mig-parted ConfigMaps shapes name (`namespace/name` -> text).
+/// The provider's whole plan for one observation of the cluster, with the text of the
+/// mig-parted ConfigMaps the shapes name (`namespace/name` -> text).
 pub(crate) fn plan_with(
     machines: &[MachineView],
     nodes: &[NodeView],
