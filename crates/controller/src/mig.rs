@@ -402,7 +402,27 @@ pub fn view(
             ))
         })
         .collect();
-    out.extend(pool_nodes(&out, snap, &pools, &labels, boot));
+    let advertised: HashMap<&str, BTreeMap<String, u64>> = nodes
+        .iter()
+        .filter_map(|n| {
+            let a = n.status.as_ref()?.allocatable.as_ref()?;
+            Some((
+                n.metadata.name.as_deref()?,
+                a.iter()
+                    .filter_map(|(k, q)| {
+                        let p = k.strip_prefix(RESOURCE_PREFIX)?;
+                        let v = gpuops_kubemodel::quantity(&q.0)?;
+                        // Whole device counts; a fraction would be a broken quantity.
+                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                        let v = v.max(0.0) as u64;
+                        Some((p.to_string(), v))
+                    })
+                    .filter(|(_, v)| *v > 0)
+                    .collect(),
+            ))
+        })
+        .collect();
+    out.extend(pool_nodes(&out, snap, &pools, &labels, &advertised, boot));
     (out, pods, pools, problems)
 }
 
@@ -416,6 +436,7 @@ fn pool_nodes(
     snap: &Snapshot,
     pools: &[MigPool],
     labels: &HashMap<&str, &str>,
+    advertised: &HashMap<&str, BTreeMap<String, u64>>,
     boot: &Boot,
 ) -> Vec<MigNode> {
     let mut out = Vec::new();
@@ -482,7 +503,12 @@ fn pool_nodes(
             if known.iter().any(|k| k.name == n.name) {
                 continue;
             }
-            let (config, layout) = layout_of(n.labels.get(CONFIG_LABEL).map(String::as_str));
+            // The Node object's label: the snapshot's may predate this pass's labelling.
+            let label = labels
+                .get(n.name.as_str())
+                .copied()
+                .or_else(|| n.labels.get(CONFIG_LABEL).map(String::as_str));
+            let (config, layout) = layout_of(label);
             // Used = the layout's count minus what is free now.
             let per_node: BTreeMap<String, u64> =
                 layout.iter().fold(BTreeMap::new(), |mut a, g| {
@@ -491,8 +517,15 @@ fn pool_nodes(
                     }
                     a
                 });
+            // A node relabelled at boot still advertising what it came up with: the change
+            // has not landed, nothing runs on the new layout yet.
+            let landed = config == *default_name
+                || advertised
+                    .get(n.name.as_str())
+                    .is_none_or(|a| a.iter().eq(per_node.iter().filter(|(_, v)| **v > 0)));
             let used = per_node
                 .iter()
+                .filter(|_| landed)
                 .map(|(k, total)| {
                     let free = n
                         .scalars_free
@@ -696,6 +729,9 @@ impl Mig {
     ) -> MigPass {
         let mut out = MigPass::default();
         let mut boot = Boot::default();
+        // Nodes as this pass leaves them: one labelled at boot counts with its new label at
+        // once (the cache has the old one), so its config is neither bought again nor pruned.
+        let mut local: Vec<Arc<Node>> = nodes.to_vec();
         let mut bad_pools: BTreeSet<String> = BTreeSet::new();
         // 1. What each MIG pool owes, and the new nodes that take it.
         for pool in &snap.pools {
@@ -756,7 +792,9 @@ impl Mig {
                         let nodes_api: Api<Node> = Api::all(client.clone());
                         for (node, o) in &a.labels {
                             match label(&nodes_api, node, &o.config).await {
-                                Ok(()) => out.events.push(AEvent {
+                                Ok(()) => {
+                                    relabel_local(&mut local, node, &o.config);
+                                    out.events.push(AEvent {
                                     target: Target::Node(node.clone()),
                                     reason: "MIGLayoutAtBoot".into(),
                                     message: format!(
@@ -764,7 +802,8 @@ impl Mig {
                                         pool.name, o.config
                                     ),
                                     warning: false,
-                                }),
+                                    });
+                                }
                                 Err(e) => {
                                     out.error.get_or_insert(e);
                                 }
@@ -785,6 +824,7 @@ impl Mig {
             }
             boot.owed.insert(pool.name.clone(), keep);
         }
+        let nodes: &[Arc<Node>] = &local;
         // 2. Layouts of generated configs on nodes no agent reports yet.
         let agentless_generated = nodes.iter().any(|n| {
             parse_layout(n).is_none()
@@ -1186,6 +1226,26 @@ async fn label(api: &Api<Node>, node: &str, config: &str) -> Result<(), Controll
             source,
         })?;
     Ok(())
+}
+
+/// `nodes` with `node` labelled `config` as [`label`] just did.
+fn relabel_local(nodes: &mut [Arc<Node>], node: &str, config: &str) {
+    for n in nodes.iter_mut() {
+        if n.metadata.name.as_deref() == Some(node) {
+            let n = Arc::make_mut(n);
+            n.metadata
+                .labels
+                .get_or_insert_with(BTreeMap::new)
+                .insert(CONFIG_LABEL.into(), config.into());
+            n.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(
+                    CHANGED_ANNOTATION.into(),
+                    gpuops_kube::rfc3339(gpuops_kube::now_secs()),
+                );
+        }
+    }
 }
 
 /// Nodes whose label asks for a config they have not applied yet, or whose change failed.

@@ -281,10 +281,7 @@ fn owed(config: &str, at: Millis) -> Owed {
 #[test]
 fn an_owed_list_survives_its_annotation_text() {
     let list = vec![owed("gpuops-aaaa", 1000), owed("gpuops-bbbb", 2000)];
-    assert_eq!(
-        parse_owed("default/a100", &owed_json(&list)).unwrap(),
-        list
-    );
+    assert_eq!(parse_owed("default/a100", &owed_json(&list)).unwrap(), list);
     assert_eq!(parse_owed("default/a100", "").unwrap(), vec![]);
     // Without a layout (written by hand): still an entry.
     assert_eq!(
@@ -327,7 +324,11 @@ fn one_owed_entry_labels_exactly_one_node_that_registered_after_it() {
     // An older node (registered before the scale-up) is not the one bought for it.
     let a = assign(
         &list,
-        &[fresh("old", 9_000), fresh("new-2", 12_000), fresh("new-1", 11_000)],
+        &[
+            fresh("old", 9_000),
+            fresh("new-2", 12_000),
+            fresh("new-1", 11_000),
+        ],
         0,
         20_000,
         60_000,
@@ -495,7 +496,10 @@ fn a_launched_node_counts_with_what_its_pool_owes_it_so_one_need_buys_one_node()
         .insert(su.config_name.clone(), su.layout.clone());
     let (nodes, pods, pools, _) = view(&[labelled], &snap, &boot);
     assert_eq!(nodes.len(), 1);
-    assert_eq!((nodes[0].name.as_str(), nodes[0].config.as_str()), ("new", su.config_name.as_str()));
+    assert_eq!(
+        (nodes[0].name.as_str(), nodes[0].config.as_str()),
+        ("new", su.config_name.as_str())
+    );
     let d4 = decide_mig(&nodes, &pods, &pools, &mut mem, 13_000, &cfg);
     assert!(d4.scale_ups.is_empty(), "{d4:?}");
 }

@@ -143,9 +143,10 @@ fn devices_ready(n: &Node, pool: &Pool) -> bool {
     let t = &pool.template;
     let gpu_ok = t.gpus == 0 || allocatable(n, &t.gpu_resource) > 0.0;
     let label = "nvidia.com/mig.config";
-    let relabelled = t.labels.get(label).is_some_and(|want| {
-        n.metadata.labels.as_ref().and_then(|l| l.get(label)) != Some(want)
-    });
+    let relabelled = t
+        .labels
+        .get(label)
+        .is_some_and(|want| n.metadata.labels.as_ref().and_then(|l| l.get(label)) != Some(want));
     let mig_ok = if relabelled {
         // Bought with a generated MIG config: its devices, not the template's.
         n.status
