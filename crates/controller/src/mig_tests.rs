@@ -503,3 +503,81 @@ fn a_launched_node_counts_with_what_its_pool_owes_it_so_one_need_buys_one_node()
     let d4 = decide_mig(&nodes, &pods, &pools, &mut mem, 13_000, &cfg);
     assert!(d4.scale_ups.is_empty(), "{d4:?}");
 }
+
+#[test]
+fn a_ready_node_relabelled_at_boot_counts_free_until_it_advertises_the_new_layout() {
+    let layout = vec![BTreeMap::from([
+        ("3g.40gb".to_string(), 1),
+        ("1g.10gb".to_string(), 2),
+    ])];
+    let ready = |free: &[(&str, u64)]| gpuops_autoscale::Node {
+        name: "new".into(),
+        pool: Some("default/a100".into()),
+        machine: Some("default/new".into()),
+        // The snapshot's labels may predate the labelling: the Node object's count.
+        labels: BTreeMap::from([(CONFIG_LABEL.to_string(), "all-1g.10gb".to_string())]),
+        taints: Vec::new(),
+        unschedulable: false,
+        cpu_free_milli: 64_000,
+        memory_free_mib: 1 << 19,
+        gpu_resource: String::new(),
+        gpu_replicas: 1,
+        gpu_free: Vec::new(),
+        gpu_product: "NVIDIA-A100-SXM4-80GB".into(),
+        scalars_free: free
+            .iter()
+            .map(|(k, v)| (format!("nvidia.com/mig-{k}"), *v))
+            .collect(),
+        pods: Vec::new(),
+        gpu_util: None,
+        removing: false,
+    };
+    let k8s = |alloc: &[(&str, &str)]| {
+        let mut n = (*node("new", &[(CONFIG_LABEL, "gpuops-aaaa")], &[])).clone();
+        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            allocatable: Some(
+                alloc
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            format!("nvidia.com/mig-{k}"),
+                            k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                                (*v).to_string(),
+                            ),
+                        )
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        Arc::new(n)
+    };
+    let mut boot = Boot::default();
+    boot.layouts.insert("gpuops-aaaa".into(), layout);
+    let busy = |nodes: &[MigNode]| -> Vec<(String, bool)> {
+        nodes[0].gpus[0]
+            .instances
+            .iter()
+            .map(|i| (i.profile.clone(), i.busy))
+            .collect()
+    };
+    // Still 7x 1g.10gb from the template's config, all free: the new layout, all free.
+    let snap = Snapshot {
+        pools: vec![mig_1g_pool(1)],
+        nodes: vec![ready(&[("1g.10gb", 7)])],
+        ..Snapshot::default()
+    };
+    let (nodes, _, _, _) = view(&[k8s(&[("1g.10gb", "7")])], &snap, &boot);
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0].config, "gpuops-aaaa");
+    assert!(busy(&nodes).iter().all(|(_, b)| !b), "{:?}", busy(&nodes));
+    // Landed, and a pod holds the 3g.40gb: that one is busy.
+    let snap = Snapshot {
+        nodes: vec![ready(&[("1g.10gb", 2), ("3g.40gb", 0)])],
+        ..snap
+    };
+    let (nodes, _, _, _) = view(&[k8s(&[("1g.10gb", "2"), ("3g.40gb", "1")])], &snap, &boot);
+    let b = busy(&nodes);
+    assert!(b.contains(&("3g.40gb".to_string(), true)), "{b:?}");
+    assert_eq!(b.iter().filter(|(_, x)| *x).count(), 1, "{b:?}");
+}

@@ -467,4 +467,40 @@ mod tests {
         .unwrap();
         assert!(old.blocked.is_empty());
     }
+
+    #[test]
+    fn owed_mig_configs_are_listed_per_pool() {
+        let mut st = build(
+            &Snapshot::default(),
+            &[],
+            &Decision::default(),
+            0,
+            "me",
+            None,
+        );
+        let pass = crate::mig::MigPass {
+            owed: vec![crate::mig::OwedStatus {
+                pool: "capi/a100".into(),
+                config: "gpuops-ab14fbc4".into(),
+                at: 1_796_119_200_000,
+            }],
+            ..crate::mig::MigPass::default()
+        };
+        add_mig(&mut st, &pass);
+        let table = render_table(&st);
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("POOL ") && l.contains("OWED MIG CONFIG")),
+            "{table}"
+        );
+        assert!(
+            table.lines().any(|l| l.starts_with("capi/a100 ")
+                && l.contains("gpuops-ab14fbc4")
+                && l.ends_with("2026-12-01T10:00:00Z")),
+            "{table}"
+        );
+        let back: Status = serde_json::from_str(&serde_json::to_string(&st).unwrap()).unwrap();
+        assert_eq!(back.mig_owed, st.mig_owed);
+    }
 }
