@@ -11,7 +11,7 @@ use gpuops_autoscale::mig_demand::{
 };
 use gpuops_autoscale::{Event as AEvent, Millis, ScaleUp, Snapshot, Target};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -32,9 +32,12 @@ pub const CONFIGMAP_KEY: &str = "config.yaml";
 /// Names of the configs this reconciler generates; unreferenced ones are pruned.
 const GENERATED_PREFIX: &str = "gpuops-";
 const RESOURCE_PREFIX: &str = "nvidia.com/mig-";
-/// On a MIG pool's MachineDeployment: the generated configs its nodes being bought are owed,
-/// one entry per node (JSON list of [`Owed`]). Written before the pool is scaled, so a crash
-/// between the two loses nothing; popped when a new node is labelled with the config.
+/// On the agents' MIG ConfigMap: the generated configs each pool owes the nodes being bought
+/// for them, one entry per node (JSON object: pool `namespace/name` -> list of [`Owed`]).
+/// Written with the config itself in one patch, before the pool is scaled, so a crash between
+/// the two loses nothing; an entry is popped when a new node is labelled with its config. On
+/// the ConfigMap, not the MachineDeployment: the controller may patch only the scale
+/// subresource of those.
 pub const OWED_ANNOTATION: &str = "gpuops.io/mig.owed-configs";
 
 /// One new node's generated config, owed until a node of the pool registers after `at`.
@@ -48,41 +51,45 @@ pub struct Owed {
     pub layout: Vec<BTreeMap<String, u32>>,
 }
 
-/// Reads a pool's owed list (the annotation's text).
+/// Pool -> its owed configs.
+pub type OwedMap = BTreeMap<String, Vec<Owed>>;
+
+/// Reads the owed configs (the annotation's text) of the ConfigMap `origin` names.
 ///
 /// # Errors
-/// When the text is not a JSON list of owed configs, or one names no generated config; the
-/// message names the MachineDeployment and the annotation.
-pub fn parse_owed(pool: &str, text: &str) -> Result<Vec<Owed>, ControllerError> {
+/// When the text is not a JSON object of pools to lists of owed configs, or an entry names
+/// no generated config; the message names the ConfigMap, the annotation and the pool.
+pub fn parse_owed(origin: &str, text: &str) -> Result<OwedMap, ControllerError> {
     let bad = |why: String| {
-        ControllerError::Mig(format!(
-            "MachineDeployment {pool}: annotation {OWED_ANNOTATION}: {why}"
-        ))
+        ControllerError::Mig(format!("{origin}: annotation {OWED_ANNOTATION}: {why}"))
     };
     if text.trim().is_empty() {
-        return Ok(Vec::new());
+        return Ok(OwedMap::new());
     }
-    let owed: Vec<Owed> = serde_json::from_str(text).map_err(|e| {
+    let owed: OwedMap = serde_json::from_str(text).map_err(|e| {
         bad(format!(
-            "{e} (want a JSON list of {{\"config\": \"gpuops-...\", \"at\": MILLIS}})"
+            "{e} (want {{\"NAMESPACE/MACHINEDEPLOYMENT\": [{{\"config\": \"gpuops-...\", \"at\": MILLIS}}]}})"
         ))
     })?;
-    if let Some((i, o)) = owed
-        .iter()
-        .enumerate()
-        .find(|(_, o)| !o.config.starts_with(GENERATED_PREFIX))
-    {
-        return Err(bad(format!(
-            "entry {i}: config {:?} is not a generated config ({GENERATED_PREFIX}...)",
-            o.config
-        )));
+    for (pool, list) in &owed {
+        if let Some((i, o)) = list
+            .iter()
+            .enumerate()
+            .find(|(_, o)| !o.config.starts_with(GENERATED_PREFIX))
+        {
+            return Err(bad(format!(
+                "MachineDeployment {pool} entry {i}: config {:?} is not a generated config ({GENERATED_PREFIX}...)",
+                o.config
+            )));
+        }
     }
     Ok(owed)
 }
 
-/// The annotation's text for an owed list.
-pub fn owed_json(owed: &[Owed]) -> String {
-    serde_json::to_string(owed).unwrap_or_else(|_| "[]".into())
+/// The annotation's text for owed configs (pools owing nothing left out).
+pub fn owed_json(owed: &OwedMap) -> String {
+    let owed: BTreeMap<&String, &Vec<Owed>> = owed.iter().filter(|(_, v)| !v.is_empty()).collect();
+    serde_json::to_string(&owed).unwrap_or_else(|_| "{}".into())
 }
 
 /// A node of the pool that registered and that nothing has labelled since.
@@ -426,6 +433,9 @@ pub fn view(
     (out, pods, pools, problems)
 }
 
+/// Devices per GPU.
+type PerGpu = Vec<BTreeMap<String, u32>>;
+
 /// Nodes of MIG pools that publish no layout yet: those launched and not ready (replicas minus
 /// ready nodes) and ready ones without an agent's annotation, in flight (never re-partitioned).
 /// Each counts with the layout of the config its label names when `boot` knows it, a launched
@@ -547,7 +557,7 @@ fn pool_nodes(
             .map_or(0, |p| p.replicas as usize)
             .saturating_sub(ready.len());
         // Registered, not ready, already labelled with a generated config: that layout.
-        let mut booting: Vec<(String, String, Vec<BTreeMap<String, u32>>)> = snap
+        let mut booting: Vec<(String, String, PerGpu)> = snap
             .machines
             .iter()
             .filter(|m| m.pool == pool.name)
@@ -635,11 +645,37 @@ pub struct MigPass {
     pub scale_ups: Vec<ScaleUp>,
     pub decision: MigDecision,
     pub error: Option<ControllerError>,
-    /// MachineDeployments this pass wrote (owed lists), as the API server returned them: the
-    /// runtime scales from these, not from its cache.
-    pub updated_mds: HashMap<String, Value>,
     /// What MIG pools owe their booting nodes.
     pub owed: Vec<OwedStatus>,
+}
+
+/// The agents' ConfigMap as a pass saw it.
+#[derive(Debug, Clone)]
+struct CmState {
+    text: String,
+    owed_text: String,
+    resource_version: Option<String>,
+}
+
+impl CmState {
+    fn of(cm: &ConfigMap) -> CmState {
+        CmState {
+            text: cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get(CONFIGMAP_KEY))
+                .cloned()
+                .unwrap_or_default(),
+            owed_text: cm
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(OWED_ANNOTATION))
+                .cloned()
+                .unwrap_or_default(),
+            resource_version: cm.metadata.resource_version.clone(),
+        }
+    }
 }
 
 /// One owed config, for the status.
@@ -716,13 +752,12 @@ impl Mig {
     /// and `snap`, write configs and labels (unless `dry_run`), record what a scale-up with a
     /// generated config owes its pool, and take the MIG pods out of `snap.pending` so the
     /// node-pool decision leaves them to it.
-    #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+    #[allow(clippy::too_many_lines)]
     pub async fn pass(
         &self,
         client: &kube::Client,
         namespace: &str,
         nodes: &[Arc<Node>],
-        mds: &[Value],
         snap: &mut Snapshot,
         now: Millis,
         dry_run: bool,
@@ -732,157 +767,179 @@ impl Mig {
         // Nodes as this pass leaves them: one labelled at boot counts with its new label at
         // once (the cache has the old one), so its config is neither bought again nor pruned.
         let mut local: Vec<Arc<Node>> = nodes.to_vec();
-        let mut bad_pools: BTreeSet<String> = BTreeSet::new();
-        // 1. What each MIG pool owes, and the new nodes that take it.
-        for pool in &snap.pools {
-            let Some(default) = pool.template.labels.get(CONFIG_LABEL) else {
-                continue;
-            };
-            let Some(md) = mds
-                .iter()
-                .find(|m| gpuops_autoscale::pool::pool_name(m) == pool.name)
-            else {
-                continue;
-            };
-            let text = md["metadata"]["annotations"][OWED_ANNOTATION]
-                .as_str()
-                .unwrap_or("");
-            let owed = match parse_owed(&pool.name, text) {
-                Ok(o) => o,
-                Err(e) => {
-                    tracing::warn!("{e}");
-                    bad_pools.insert(pool.name.clone());
-                    out.error.get_or_insert(e);
-                    continue;
-                }
-            };
-            if owed.is_empty() {
-                continue;
-            }
-            let (fresh, registered) = boot_nodes(&pool.name, default, nodes, snap);
-            let t = &pool.timeouts;
-            let expire =
-                u64::try_from((t.provision + t.registration).as_millis()).unwrap_or(u64::MAX);
-            let a = assign(
-                &owed,
-                &fresh,
-                (pool.replicas as usize).saturating_sub(registered),
-                now,
-                expire,
-            );
-            let keep = if dry_run || (a.labels.is_empty() && a.dropped.is_empty()) {
-                owed.clone()
-            } else {
-                match self.write_owed(client, &pool.name, md, &a.keep).await {
-                    Ok(updated) => {
-                        out.updated_mds.insert(pool.name.clone(), updated);
-                        for (o, why) in &a.dropped {
-                            out.events.push(AEvent {
-                                target: Target::Pool(pool.name.clone()),
-                                reason: "MIGLayoutNotOwed".into(),
-                                message: format!(
-                                    "MIG config {} owed since {} no longer owed: {why}",
-                                    o.config, o.at
-                                ),
-                                warning: true,
-                            });
-                        }
-                        // Popped first: a crash now leaves a node with the pool's default
-                        // (re-partitioned later), never a second node with this config.
-                        let nodes_api: Api<Node> = Api::all(client.clone());
-                        for (node, o) in &a.labels {
-                            match label(&nodes_api, node, &o.config).await {
-                                Ok(()) => {
-                                    relabel_local(&mut local, node, &o.config);
-                                    out.events.push(AEvent {
-                                    target: Target::Node(node.clone()),
-                                    reason: "MIGLayoutAtBoot".into(),
-                                    message: format!(
-                                        "new node {node} of pool {} labelled {CONFIG_LABEL}={} (bought for that layout)",
-                                        pool.name, o.config
-                                    ),
-                                    warning: false,
-                                    });
-                                }
-                                Err(e) => {
-                                    out.error.get_or_insert(e);
-                                }
-                            }
-                        }
-                        a.keep.clone()
-                    }
-                    Err(e) => {
-                        out.error.get_or_insert(e);
-                        owed.clone()
-                    }
-                }
-            };
-            for o in &keep {
-                if !o.layout.is_empty() {
-                    boot.layouts.insert(o.config.clone(), o.layout.clone());
-                }
-            }
-            boot.owed.insert(pool.name.clone(), keep);
-        }
-        let nodes: &[Arc<Node>] = &local;
-        // 2. Layouts of generated configs on nodes no agent reports yet.
+        let mig_pools = snap
+            .pools
+            .iter()
+            .any(|p| p.template.labels.contains_key(CONFIG_LABEL));
         let agentless_generated = nodes.iter().any(|n| {
             parse_layout(n).is_none()
                 && n.metadata
                     .labels
                     .as_ref()
                     .and_then(|l| l.get(CONFIG_LABEL))
-                    .is_some_and(|c| {
-                        c.starts_with(GENERATED_PREFIX) && !boot.layouts.contains_key(c)
-                    })
+                    .is_some_and(|c| c.starts_with(GENERATED_PREFIX))
         });
-        if agentless_generated {
+        // The ConfigMap as this pass last read or wrote it.
+        let mut cm: Option<CmState> = None;
+        // Why the owed configs cannot be read (then no generated layout is bought).
+        let mut owed_broken: Option<String> = None;
+        if mig_pools || agentless_generated {
+            // Not fatal to the pass: without the ConfigMap nothing is owed and no generated
+            // layout can be bought (a pool's own config still can).
             match self.read_configmap(client, namespace).await {
-                Ok((text, _)) => {
-                    let origin = format!(
-                        "ConfigMap {namespace}/{} key {CONFIGMAP_KEY}",
-                        self.opts.configmap
-                    );
-                    match gpuops_mig::config::parse(&text, &origin) {
-                        Ok(all) => {
-                            for c in all
-                                .configs
-                                .iter()
-                                .filter(|c| c.name.starts_with(GENERATED_PREFIX))
-                            {
-                                let gpus = c
-                                    .entries
-                                    .iter()
-                                    .filter_map(|e| match &e.devices {
-                                        gpuops_mig::config::Devices::List(l) => {
-                                            l.iter().max().map(|m| m + 1)
-                                        }
-                                        gpuops_mig::config::Devices::All => None,
-                                    })
-                                    .max()
-                                    .unwrap_or(0);
-                                for pool in &snap.pools {
-                                    let n = pool
-                                        .template
-                                        .labels
-                                        .get("nvidia.com/gpu.count")
-                                        .and_then(|v| v.parse().ok())
-                                        .unwrap_or(1u32)
-                                        .max(gpus);
-                                    if let Some(l) = config_layout(c, n) {
-                                        boot.layouts.entry(c.name.clone()).or_insert(l);
-                                    }
-                                }
-                            }
-                        }
-                        Err(e) => tracing::warn!("{e}"),
-                    }
+                Ok(c) => cm = Some(c),
+                Err(e) => {
+                    tracing::debug!(error = %e, "MIG ConfigMap not read");
+                    owed_broken = Some(e.to_string());
                 }
-                Err(e) => tracing::warn!(error = %e, "reading the MIG ConfigMap"),
             }
         }
-        out.owed = boot
-            .owed
+        let mut owed = OwedMap::new();
+        if let Some(c) = &cm {
+            match parse_owed(&self.origin(namespace), &c.owed_text) {
+                Ok(o) => owed = o,
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    owed_broken = Some(e.to_string());
+                    out.error.get_or_insert(e);
+                }
+            }
+        }
+        // 1. The new nodes that take what their pools owe.
+        let mut kept = OwedMap::new();
+        let mut labels: Vec<(String, String, Owed)> = Vec::new();
+        let mut dropped: Vec<(String, Owed, String)> = Vec::new();
+        for (pool_name, list) in &owed {
+            let pool = snap.pools.iter().find(|p| &p.name == pool_name);
+            let default = pool.and_then(|p| p.template.labels.get(CONFIG_LABEL));
+            let (fresh, registered, replicas, expire) = match (pool, default) {
+                (Some(p), Some(d)) => {
+                    let (fresh, registered) = boot_nodes(pool_name, d, nodes, snap);
+                    let t = &p.timeouts;
+                    let expire = u64::try_from((t.provision + t.registration).as_millis())
+                        .unwrap_or(u64::MAX);
+                    (fresh, registered, p.replicas as usize, expire)
+                }
+                // The pool is gone (or no MIG pool any more): nothing to wait for.
+                _ => (Vec::new(), 0, 0, u64::MAX),
+            };
+            let a = assign(
+                list,
+                &fresh,
+                replicas.saturating_sub(registered),
+                now,
+                expire,
+            );
+            labels.extend(a.labels.into_iter().map(|(n, o)| (pool_name.clone(), n, o)));
+            dropped.extend(
+                a.dropped
+                    .into_iter()
+                    .map(|(o, why)| (pool_name.clone(), o, why)),
+            );
+            if !a.keep.is_empty() {
+                kept.insert(pool_name.clone(), a.keep);
+            }
+        }
+        let changed = !labels.is_empty() || !dropped.is_empty();
+        if changed && !dry_run {
+            // Popped first: a crash now leaves a node with the pool's default (re-partitioned
+            // later), never a second node with one entry's config.
+            // The configs about to be labelled count as referenced: not pruned.
+            let mut after = local.clone();
+            for (_, node, o) in &labels {
+                relabel_local(&mut after, node, &o.config);
+            }
+            match self
+                .write_configs(client, namespace, &after, &mut cm, &[], Some(&kept))
+                .await
+            {
+                Ok(()) => {
+                    for (pool, o, why) in &dropped {
+                        out.events.push(AEvent {
+                            target: Target::Pool(pool.clone()),
+                            reason: "MIGLayoutNotOwed".into(),
+                            message: format!(
+                                "MIG config {} owed since {} no longer owed: {why}",
+                                o.config,
+                                gpuops_kube::rfc3339(o.at / 1000)
+                            ),
+                            warning: true,
+                        });
+                    }
+                    let nodes_api: Api<Node> = Api::all(client.clone());
+                    for (pool, node, o) in &labels {
+                        match label(&nodes_api, node, &o.config).await {
+                            Ok(()) => {
+                                relabel_local(&mut local, node, &o.config);
+                                out.events.push(AEvent {
+                                    target: Target::Node(node.clone()),
+                                    reason: "MIGLayoutAtBoot".into(),
+                                    message: format!(
+                                        "new node {node} of pool {pool} labelled {CONFIG_LABEL}={} (bought for that layout)",
+                                        o.config
+                                    ),
+                                    warning: false,
+                                });
+                            }
+                            Err(e) => {
+                                out.error.get_or_insert(e);
+                            }
+                        }
+                    }
+                    owed = kept;
+                }
+                Err(e) => {
+                    out.error.get_or_insert(e);
+                }
+            }
+        } else if changed {
+            owed = kept;
+        }
+        let nodes: &[Arc<Node>] = &local;
+        // 2. Layouts of the owed configs and of generated configs on nodes no agent reports
+        // yet.
+        for o in owed.values().flatten() {
+            if !o.layout.is_empty() {
+                boot.layouts.insert(o.config.clone(), o.layout.clone());
+            }
+        }
+        if let Some(c) = &cm {
+            match gpuops_mig::config::parse(&c.text, &self.origin(namespace)) {
+                Ok(all) => {
+                    for g in all
+                        .configs
+                        .iter()
+                        .filter(|g| g.name.starts_with(GENERATED_PREFIX))
+                    {
+                        let listed = g
+                            .entries
+                            .iter()
+                            .filter_map(|e| match &e.devices {
+                                gpuops_mig::config::Devices::List(l) => {
+                                    l.iter().max().map(|m| m + 1)
+                                }
+                                gpuops_mig::config::Devices::All => None,
+                            })
+                            .max()
+                            .unwrap_or(0);
+                        let gpus = snap
+                            .pools
+                            .iter()
+                            .filter_map(|p| {
+                                p.template.labels.get("nvidia.com/gpu.count")?.parse().ok()
+                            })
+                            .max()
+                            .unwrap_or(1u32)
+                            .max(listed);
+                        if let Some(l) = config_layout(g, gpus) {
+                            boot.layouts.entry(g.name.clone()).or_insert(l);
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
+        out.owed = owed
             .iter()
             .flat_map(|(pool, v)| {
                 v.iter().map(|o| OwedStatus {
@@ -892,6 +949,7 @@ impl Mig {
                 })
             })
             .collect();
+        boot.owed = owed.clone();
         // 3. The decision.
         let (mig_nodes, pods, pools, problems) = view(nodes, snap, &boot);
         snap.pending.retain(|p| !is_mig_pod(p));
@@ -912,18 +970,6 @@ impl Mig {
             now,
             &self.opts.decision,
         );
-        let owed_names: BTreeSet<String> = boot
-            .owed
-            .values()
-            .flatten()
-            .map(|o| o.config.clone())
-            .chain(
-                d.scale_ups
-                    .iter()
-                    .filter(|su| su.config_name.starts_with(GENERATED_PREFIX))
-                    .map(|su| su.config_name.clone()),
-            )
-            .collect();
         if !dry_run {
             for n in nodes {
                 if let Some(ev) = self.revert_failed(client, n).await {
@@ -937,8 +983,9 @@ impl Mig {
             }
             if !d.changes.is_empty() {
                 let add: Vec<&NamedConfigYaml> = d.changes.iter().map(|c| &c.config).collect();
+                let owed_now = (owed_broken.is_none()).then_some(&owed);
                 let mut r = self
-                    .write_configs(client, namespace, nodes, &add, &owed_names)
+                    .write_configs(client, namespace, nodes, &mut cm, &add, owed_now)
                     .await;
                 if r.is_ok() {
                     let nodes_api: Api<Node> = Api::all(client.clone());
@@ -979,60 +1026,56 @@ impl Mig {
             }
         }
         // 4. Scale-ups: the pool's own config as it is; a generated one written into the
-        // ConfigMap and owed to the pool (recorded before the runtime scales it).
+        // ConfigMap together with what the pool is owed, before the runtime scales it.
         for su in &d.scale_ups {
             let Some(p) = snap.pools.iter().find(|p| p.name == su.pool) else {
                 continue;
             };
             let default = p.template.labels.get(CONFIG_LABEL);
             let generated = default != Some(&su.config_name);
-            if generated && bad_pools.contains(&su.pool) {
+            if generated && let Some(why) = &owed_broken {
                 for pod in &su.pods {
                     out.events.push(AEvent {
                         target: Target::Pod(pod.clone()),
                         reason: "NotTriggerScaleUp".into(),
-                        message: format!(
-                            "{}; not bought: annotation {OWED_ANNOTATION} of MachineDeployment {} does not parse",
-                            su.message, su.pool
-                        ),
+                        message: format!("{}; not bought: {why}", su.message),
                         warning: true,
                     });
                 }
                 continue;
             }
             if generated && !dry_run {
-                let r = match self
-                    .write_configs(client, namespace, nodes, &[&su.config], &owed_names)
+                owed.entry(su.pool.clone())
+                    .or_default()
+                    .extend((0..su.nodes).map(|_| Owed {
+                        config: su.config_name.clone(),
+                        at: now,
+                        layout: su.layout.clone(),
+                    }));
+                if let Err(e) = self
+                    .write_configs(
+                        client,
+                        namespace,
+                        nodes,
+                        &mut cm,
+                        &[&su.config],
+                        Some(&owed),
+                    )
                     .await
                 {
-                    Ok(()) => {
-                        let md = out.updated_mds.get(&su.pool).cloned().or_else(|| {
-                            mds.iter()
-                                .find(|m| gpuops_autoscale::pool::pool_name(m) == su.pool)
-                                .cloned()
-                        });
-                        let mut owed = boot.owed.get(&su.pool).cloned().unwrap_or_default();
-                        owed.extend((0..su.nodes).map(|_| Owed {
-                            config: su.config_name.clone(),
-                            at: now,
-                            layout: su.layout.clone(),
-                        }));
-                        match md {
-                            Some(md) => self.write_owed(client, &su.pool, &md, &owed).await,
-                            None => continue,
-                        }
+                    out.error.get_or_insert(e);
+                    // Not recorded: not bought; decided again next pass.
+                    if let Some(v) = owed.get_mut(&su.pool) {
+                        let keep = v.len().saturating_sub(su.nodes as usize);
+                        v.truncate(keep);
                     }
-                    Err(e) => Err(e),
-                };
-                match r {
-                    Ok(updated) => {
-                        out.updated_mds.insert(su.pool.clone(), updated);
-                    }
-                    Err(e) => {
-                        out.error.get_or_insert(e);
-                        continue;
-                    }
+                    continue;
                 }
+                out.owed.extend((0..su.nodes).map(|_| OwedStatus {
+                    pool: su.pool.clone(),
+                    config: su.config_name.clone(),
+                    at: now,
+                }));
             }
             out.scale_ups.push(ScaleUp {
                 pool: su.pool.clone(),
@@ -1066,41 +1109,45 @@ impl Mig {
         out
     }
 
+    fn origin(&self, namespace: &str) -> String {
+        format!("ConfigMap {namespace}/{}", self.opts.configmap)
+    }
+
     async fn read_configmap(
         &self,
         client: &kube::Client,
         namespace: &str,
-    ) -> Result<(String, Option<String>), ControllerError> {
+    ) -> Result<CmState, ControllerError> {
         let name = &self.opts.configmap;
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
         let cm = api.get(name).await.map_err(|source| ControllerError::Api {
             what: format!("reading MIG ConfigMap {namespace}/{name}"),
             source,
         })?;
-        let text = cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get(CONFIGMAP_KEY))
-            .cloned()
-            .unwrap_or_default();
-        Ok((text, cm.metadata.resource_version))
+        Ok(CmState::of(&cm))
     }
 
-    /// Merges `add` into the agents' ConfigMap; generated configs still named by a node label,
-    /// a node's applied config or an owed entry (`owed`) are kept. Before any label names
-    /// them: a label naming a config the ConfigMap lacks would only fail.
+    /// Merges `add` into the agents' ConfigMap and, with `owed`, sets the owed configs, in one
+    /// patch; generated configs still named by a node label, a node's applied config or an
+    /// owed entry are kept. Before any label names them: a label naming a config the ConfigMap
+    /// lacks would only fail. `cm` is the ConfigMap as last seen (read when `None`), and is
+    /// what the API server returned after.
     async fn write_configs(
         &self,
         client: &kube::Client,
         namespace: &str,
         nodes: &[Arc<Node>],
+        cm: &mut Option<CmState>,
         add: &[&NamedConfigYaml],
-        owed: &BTreeSet<String>,
+        owed: Option<&OwedMap>,
     ) -> Result<(), ControllerError> {
         let name = &self.opts.configmap;
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
         let what = |verb: &str| format!("{verb} MIG ConfigMap {namespace}/{name}");
-        let (existing, rv) = self.read_configmap(client, namespace).await?;
+        let current = match cm.take() {
+            Some(c) => c,
+            None => self.read_configmap(client, namespace).await?,
+        };
         let mut referenced: BTreeSet<String> = nodes
             .iter()
             .filter_map(|n| n.metadata.labels.as_ref()?.get(CONFIG_LABEL).cloned())
@@ -1109,21 +1156,42 @@ impl Mig {
             let l = parse_layout(n)?.ok()?;
             l.applied
         }));
-        referenced.extend(owed.iter().cloned());
+        // Owed configs not rewritten here are still owed as the ConfigMap has them.
+        let still_owed: OwedMap = match owed {
+            Some(o) => o.clone(),
+            None => parse_owed(&self.origin(namespace), &current.owed_text).unwrap_or_default(),
+        };
+        referenced.extend(still_owed.values().flatten().map(|o| o.config.clone()));
         let text = merge_configs(
-            &existing,
+            &current.text,
             &format!("ConfigMap {namespace}/{name} key {CONFIGMAP_KEY}"),
             add,
             &referenced,
         )?;
-        if text != existing {
-            // The resourceVersion makes a concurrent edit (helm, a person) a conflict, retried
-            // next pass from what is there then.
-            let patch = json!({
-                "metadata": {"resourceVersion": rv},
-                "data": {CONFIGMAP_KEY: text},
-            });
-            api.patch(
+        let owed_text = owed.map(owed_json);
+        let owed_changed = owed_text
+            .as_ref()
+            .is_some_and(|t| parse_owed("", t).ok() != parse_owed("", &current.owed_text).ok());
+        if text == current.text && !owed_changed {
+            *cm = Some(current);
+            return Ok(());
+        }
+        let mut patch = json!({
+            // The resourceVersion makes a concurrent edit (helm, a person) a conflict,
+            // retried next pass from what is there then.
+            "metadata": {"resourceVersion": current.resource_version},
+            "data": {CONFIGMAP_KEY: text},
+        });
+        if let Some(t) = owed_text.filter(|_| owed_changed) {
+            let v = if t == "{}" {
+                Value::Null
+            } else {
+                Value::String(t)
+            };
+            patch["metadata"]["annotations"] = json!({ OWED_ANNOTATION: v });
+        }
+        let updated = api
+            .patch(
                 name,
                 &PatchParams::apply(crate::act::MANAGER),
                 &Patch::Merge(&patch),
@@ -1133,41 +1201,8 @@ impl Mig {
                 what: what("writing"),
                 source,
             })?;
-        }
+        *cm = Some(CmState::of(&updated));
         Ok(())
-    }
-
-    /// Sets a pool's owed list on its MachineDeployment, guarded by the resourceVersion `md`
-    /// was read at (a concurrent change is a conflict, redone next pass). Returns the updated
-    /// object: the scale patch that follows needs its resourceVersion.
-    async fn write_owed(
-        &self,
-        client: &kube::Client,
-        pool: &str,
-        md: &Value,
-        owed: &[Owed],
-    ) -> Result<Value, ControllerError> {
-        let (ns, name) = pool.split_once('/').unwrap_or(("default", pool));
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), ns, &crate::act::capi("MachineDeployment"));
-        let value = if owed.is_empty() {
-            Value::Null
-        } else {
-            Value::String(owed_json(owed))
-        };
-        let patch = json!({"metadata": {
-            "resourceVersion": md["metadata"]["resourceVersion"],
-            "annotations": {OWED_ANNOTATION: value},
-        }});
-        let updated = api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|source| ControllerError::Api {
-                what: format!("writing annotation {OWED_ANNOTATION} of MachineDeployment {pool}"),
-                source,
-            })?;
-        serde_json::to_value(&updated)
-            .map_err(|e| ControllerError::Mig(format!("MachineDeployment {pool} as JSON: {e}")))
     }
 
     /// A node whose change to one of our configs failed goes back to the config it last

@@ -279,32 +279,60 @@ fn owed(config: &str, at: Millis) -> Owed {
 }
 
 #[test]
-fn an_owed_list_survives_its_annotation_text() {
-    let list = vec![owed("gpuops-aaaa", 1000), owed("gpuops-bbbb", 2000)];
-    assert_eq!(parse_owed("default/a100", &owed_json(&list)).unwrap(), list);
-    assert_eq!(parse_owed("default/a100", "").unwrap(), vec![]);
+fn owed_configs_survive_their_annotation_text() {
+    let owed = OwedMap::from([
+        (
+            "default/a100".to_string(),
+            vec![owed("gpuops-aaaa", 1000), owed("gpuops-bbbb", 2000)],
+        ),
+        ("default/h100".to_string(), vec![owed("gpuops-cccc", 3000)]),
+    ]);
+    assert_eq!(
+        parse_owed("ConfigMap x/y", &owed_json(&owed)).unwrap(),
+        owed
+    );
+    assert_eq!(parse_owed("ConfigMap x/y", "").unwrap(), OwedMap::new());
+    // Pools owing nothing are left out of the text.
+    let mut empty = owed.clone();
+    empty.insert("default/a100".into(), Vec::new());
+    assert!(!owed_json(&empty).contains("default/a100"));
     // Without a layout (written by hand): still an entry.
     assert_eq!(
-        parse_owed("default/a100", r#"[{"config":"gpuops-aaaa","at":5}]"#).unwrap()[0].at,
+        parse_owed(
+            "ConfigMap x/y",
+            r#"{"default/a100":[{"config":"gpuops-aaaa","at":5}]}"#
+        )
+        .unwrap()["default/a100"][0]
+            .at,
         5
     );
 }
 
 #[test]
-fn a_bad_owed_list_names_the_machine_deployment_and_the_annotation() {
+fn bad_owed_configs_name_the_configmap_the_annotation_and_the_pool() {
+    let origin = "ConfigMap gpuops/gpuops-mig-config";
     for (text, why) in [
-        ("{not json", "expected a sequence"),
-        (r#"{"config":"gpuops-a","at":1}"#, "want a JSON list"),
-        (r#"[{"config":"gpuops-a"}]"#, "missing field `at`"),
-        (r#"[{"config":"gpuops-a","at":-1}]"#, "invalid value"),
+        ("{not json", "key must be a string"),
         (
-            r#"[{"config":"gpuops-a","at":1},{"config":"all-1g.10gb","at":2}]"#,
-            "entry 1: config \"all-1g.10gb\" is not a generated config",
+            r#"[{"config":"gpuops-a","at":1}]"#,
+            "want {\"NAMESPACE/MACHINEDEPLOYMENT\"",
+        ),
+        (
+            r#"{"default/a100":[{"config":"gpuops-a"}]}"#,
+            "missing field `at`",
+        ),
+        (
+            r#"{"default/a100":[{"config":"gpuops-a","at":-1}]}"#,
+            "invalid value",
+        ),
+        (
+            r#"{"default/a100":[{"config":"gpuops-a","at":1},{"config":"all-1g.10gb","at":2}]}"#,
+            "MachineDeployment default/a100 entry 1: config \"all-1g.10gb\" is not a generated config",
         ),
     ] {
-        let e = parse_owed("default/a100", text).unwrap_err().to_string();
+        let e = parse_owed(origin, text).unwrap_err().to_string();
         assert!(
-            e.contains("MachineDeployment default/a100: annotation gpuops.io/mig.owed-configs")
+            e.contains("ConfigMap gpuops/gpuops-mig-config: annotation gpuops.io/mig.owed-configs")
                 && e.contains(why),
             "{text}: {e}"
         );

@@ -371,7 +371,7 @@ async fn pass(
         Some(m) => {
             let (client, ns) = (&ctx.client, &ctx.cfg.namespace);
             Some(
-                m.pass(client, ns, &nodes, &mds, &mut snap, now, ctx.cfg.dry_run)
+                m.pass(client, ns, &nodes, &mut snap, now, ctx.cfg.dry_run)
                     .await,
             )
         }
@@ -418,9 +418,6 @@ async fn pass(
             ..Decision::default()
         };
         if !ctx.cfg.dry_run {
-            // The MIG pass may have just written a pool's owed configs: scale from that object.
-            let mut by_name = by_name.clone();
-            by_name.extend(mp.updated_mds.iter().map(|(k, v)| (k.clone(), v)));
             apply(ctx, &extra, &by_name, &mut first_error).await;
         }
         if let Some(e) = mp.error.take() {

@@ -681,11 +681,11 @@ fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at
         text.contains(&config) && text.contains("all-1g.10gb"),
         "{text}"
     );
-    // The owed entry was popped when the node was labelled.
-    let md = capi.machine_deployment("a100g").unwrap();
+    // The owed entry (on the ConfigMap) was popped when the node was labelled.
+    let cm = cluster.get_json(&["configmap", CONFIGMAP]).unwrap();
     assert!(
-        md["metadata"]["annotations"]["gpuops.io/mig.owed-configs"].is_null(),
-        "{md}"
+        cm["metadata"]["annotations"]["gpuops.io/mig.owed-configs"].is_null(),
+        "{cm}"
     );
     let ev = events(&cluster);
     assert_eq!(count(&ev, "MIGLayoutAtBoot"), 1, "{ev}");

@@ -40,8 +40,7 @@ const EXTENDER: &[Grant<'static>] = &[
 /// then patches a repeat); in its own namespace the leader Lease (kube-lease-manager: get, create,
 /// patch) and the status ConfigMap (server-side apply: patch, create the first time). The MIG
 /// reconciler also reads the agents' MIG ConfigMap by name ([`CONTROLLER_NAMED`]) and merges
-/// its configs in with the patch it already has, and labels nodes (patch); it records the
-/// generated configs a pool's new nodes are owed on the MachineDeployment (patch).
+/// its configs in with the patch it already has, and labels nodes (patch).
 /// crates/controller/tests/e2e_controller.rs runs the controller on this chart's role.
 const CONTROLLER: &[Grant<'static>] = &[
     ("", "nodes", &["list", "watch", "patch"], None),
@@ -51,7 +50,7 @@ const CONTROLLER: &[Grant<'static>] = &[
     (
         "cluster.x-k8s.io",
         "machinedeployments",
-        &["list", "watch", "patch"],
+        &["list", "watch"],
         None,
     ),
     (
