@@ -92,6 +92,9 @@ pub fn owed_json(owed: &OwedMap) -> String {
     serde_json::to_string(&owed).unwrap_or_else(|_| "{}".into())
 }
 
+/// How long an owed entry is kept even if the pool's replicas do not show its node yet.
+pub const TRIM_GRACE_MS: Millis = 30_000;
+
 /// A node of the pool that registered and that nothing has labelled since.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootNode {
@@ -115,7 +118,9 @@ pub struct Assignment {
 /// node that registered at or after it; one entry labels one node. Entries older than
 /// `expire_ms` are dropped (their node timed out), and so are the oldest of those left beyond
 /// `to_register`, the nodes the pool still waits for (a scale that failed after its entries
-/// were written): a stale entry must not label a node bought later for something else.
+/// were written): a stale entry must not label a node bought later for something else. Entries
+/// younger than [`TRIM_GRACE_MS`] are not dropped for that: the replicas the caller counts may
+/// not show their scale yet.
 pub fn assign(
     owed: &[Owed],
     fresh: &[BootNode],
@@ -151,14 +156,19 @@ pub fn assign(
             None => left.push(o),
         }
     }
-    let excess = left.len().saturating_sub(to_register);
-    for o in left.drain(..excess) {
-        out.dropped.push((
-            o,
-            "more owed than nodes the pool still waits for (its scale-up did not happen)".into(),
-        ));
+    let mut excess = left.len().saturating_sub(to_register);
+    for o in left {
+        if excess > 0 && now.saturating_sub(o.at) >= TRIM_GRACE_MS {
+            excess -= 1;
+            out.dropped.push((
+                o,
+                "more owed than nodes the pool still waits for (its scale-up did not happen)"
+                    .into(),
+            ));
+        } else {
+            out.keep.push(o);
+        }
     }
-    out.keep = left;
     out
 }
 
