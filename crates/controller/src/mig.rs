@@ -2,7 +2,8 @@
 //! Nodes (the agent's `gpuops.io/mig.layout` annotation and MIG labels) and the snapshot, and
 //! its actions: named configs merged into the agents' mig-parted ConfigMap, then the node label
 //! `nvidia.com/mig.config` the agent applies; a failed change is put back to the config the
-//! node last applied.
+//! node last applied. A node bought with a generated config is owed it (an annotation on the
+//! ConfigMap, written before the scale) and labelled with it when it registers.
 
 use crate::error::ControllerError;
 use gpuops_autoscale::mig_demand::{
