@@ -577,6 +577,8 @@ fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at
     // The test provider standing in for the agent: MIG devices follow the node's label.
     shape.mig_config_map = Some(format!("default/{CONFIGMAP}"));
     shape.devices_delay = Duration::from_secs(4);
+    // Long enough to restart the controller between the scale-up and the node registering.
+    shape.boot_delay = Duration::from_secs(10);
     let mut pool = gpuops_testbed::PoolSpec::new("a100g", shape);
     for (k, v) in [
         ("gpuops.io/price-per-hour", "10"),
@@ -630,10 +632,20 @@ fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at
     let config = su.config_name.clone();
     assert!(config.starts_with("gpuops-"), "{su:?}");
     assert_eq!(su.layout[0].get("3g.40gb"), Some(&1), "{su:?}");
-    let _controller = controller(
+    let first = controller(
         &cluster,
         windows(Duration::from_secs(600), Duration::from_secs(600)),
     );
+    let owed = || {
+        cluster
+            .get_json(&["configmap", CONFIGMAP])
+            .ok()
+            .and_then(|cm| {
+                cm["metadata"]["annotations"]["gpuops.io/mig.owed-configs"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+    };
     cluster
         .apply(&format!(
             "{}---\n{}---\n{}",
@@ -642,6 +654,25 @@ fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at
             pod("small-1", "nvidia.com/mig-1g.10gb"),
         ))
         .unwrap();
+    // Bought and owed; then the controller is gone before the node registers: a new one, with
+    // nothing in memory, labels the node from the ConfigMap and buys nothing more.
+    let buying = format!("buying 1 node(s) of pool default/a100g with MIG config {config}");
+    wait_until("the pool owing the config", Duration::from_secs(60), || {
+        owed().is_some_and(|o| o.contains(&config)) && status(&cluster).contains(&buying)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", status(&cluster), events(&cluster)));
+    drop(first);
+    assert!(
+        capi.machines("a100g")
+            .unwrap()
+            .iter()
+            .all(|m| m.node.is_none()),
+        "the node registered before the restart: the test no longer covers it"
+    );
+    let _controller = controller(
+        &cluster,
+        windows(Duration::from_secs(600), Duration::from_secs(600)),
+    );
     wait_until("all three pods running", Duration::from_secs(120), || {
         ["big", "small-0", "small-1"]
             .iter()
@@ -690,11 +721,7 @@ fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at
     let ev = events(&cluster);
     assert_eq!(count(&ev, "MIGLayoutAtBoot"), 1, "{ev}");
     assert!(ev.contains("TriggeredScaleUp"), "{ev}");
+    // The restarted controller bought nothing: its history has no scale-up.
     let st = status(&cluster);
-    assert!(
-        st.contains(&format!(
-            "buying 1 node(s) of pool default/a100g with MIG config {config}"
-        )),
-        "{st}"
-    );
+    assert!(!st.contains("buying"), "{st}");
 }
