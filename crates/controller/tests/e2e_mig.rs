@@ -578,7 +578,7 @@ fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at
     shape.mig_config_map = Some(format!("default/{CONFIGMAP}"));
     shape.devices_delay = Duration::from_secs(4);
     // Long enough to restart the controller between the scale-up and the node registering.
-    shape.boot_delay = Duration::from_secs(10);
+    shape.boot_delay = Duration::from_secs(20);
     let mut pool = gpuops_testbed::PoolSpec::new("a100g", shape);
     for (k, v) in [
         ("gpuops.io/price-per-hour", "10"),
