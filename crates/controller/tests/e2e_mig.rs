@@ -577,8 +577,9 @@ fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at
     // The test provider standing in for the agent: MIG devices follow the node's label.
     shape.mig_config_map = Some(format!("default/{CONFIGMAP}"));
     shape.devices_delay = Duration::from_secs(4);
-    // Long enough to restart the controller between the scale-up and the node registering.
-    shape.boot_delay = Duration::from_secs(20);
+    // The machine does not boot until the test lets it (below), so the controller's restart
+    // falls between the scale-up and the node registering however loaded the machine is.
+    shape.boot_delay = Duration::from_secs(3600);
     let mut pool = gpuops_testbed::PoolSpec::new("a100g", shape);
     for (k, v) in [
         ("gpuops.io/price-per-hour", "10"),
@@ -673,6 +674,32 @@ fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at
         &cluster,
         windows(Duration::from_secs(600), Duration::from_secs(600)),
     );
+    // Now the node may boot.
+    let infra = cluster
+        .kubectl(&[
+            "get",
+            "gpuopstestmachines.infrastructure.cluster.x-k8s.io",
+            "-n",
+            "default",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert_eq!(infra.lines().count(), 1, "{infra}");
+    for m in infra.lines() {
+        cluster
+            .kubectl(&[
+                "patch",
+                m,
+                "-n",
+                "default",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"bootDelayMs":0}}"#,
+            ])
+            .unwrap();
+    }
     wait_until("all three pods running", Duration::from_secs(120), || {
         ["big", "small-0", "small-1"]
             .iter()
