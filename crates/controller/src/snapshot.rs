@@ -142,11 +142,26 @@ fn devices_ready(n: &Node, pool: &Pool) -> bool {
     }
     let t = &pool.template;
     let gpu_ok = t.gpus == 0 || allocatable(n, &t.gpu_resource) > 0.0;
-    let mig_ok = t
-        .scalars
-        .keys()
-        .filter(|k| k.starts_with("nvidia.com/mig-"))
-        .all(|k| allocatable(n, k) > 0.0);
+    let label = "nvidia.com/mig.config";
+    let relabelled = t
+        .labels
+        .get(label)
+        .is_some_and(|want| n.metadata.labels.as_ref().and_then(|l| l.get(label)) != Some(want));
+    let mig_ok = if relabelled {
+        // Bought with a generated MIG config: its devices, not the template's.
+        n.status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .is_some_and(|a| {
+                a.keys()
+                    .any(|k| k.starts_with("nvidia.com/mig-") && allocatable(n, k) > 0.0)
+            })
+    } else {
+        t.scalars
+            .keys()
+            .filter(|k| k.starts_with("nvidia.com/mig-"))
+            .all(|k| allocatable(n, k) > 0.0)
+    };
     gpu_ok && mig_ok
 }
 

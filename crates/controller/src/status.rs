@@ -37,6 +37,9 @@ pub struct Status {
     /// MIG changes under way or failed (the MIG demand reconciler's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_changes: Vec<crate::mig::MigChangeStatus>,
+    /// Generated MIG configs pools owe nodes being bought (one entry per node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_owed: Vec<crate::mig::OwedStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,6 +198,7 @@ pub fn build(
         blocked,
         decisions,
         mig_changes: Vec::new(),
+        mig_owed: Vec::new(),
     }
 }
 
@@ -247,6 +251,7 @@ pub fn add_mig(s: &mut Status, pass: &crate::mig::MigPass) {
     new.truncate(HISTORY);
     s.decisions = new;
     s.mig_changes = pass.status.clone();
+    s.mig_owed = pass.owed.clone();
 }
 
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -362,6 +367,21 @@ pub fn render_table(s: &Status) -> String {
         out.push_str(&table(&["NODE", "MIG FROM", "TO", "STATE", "WHY"], &rows));
         out.push('\n');
     }
+    if !s.mig_owed.is_empty() {
+        let rows: Vec<Vec<String>> = s
+            .mig_owed
+            .iter()
+            .map(|o| {
+                vec![
+                    o.pool.clone(),
+                    o.config.clone(),
+                    gpuops_kube::rfc3339(o.at / 1000),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["POOL", "OWED MIG CONFIG", "SINCE"], &rows));
+        out.push('\n');
+    }
     if s.decisions.is_empty() {
         out.push_str("No decisions yet.\n");
     } else {
@@ -446,5 +466,41 @@ mod tests {
         )
         .unwrap();
         assert!(old.blocked.is_empty());
+    }
+
+    #[test]
+    fn owed_mig_configs_are_listed_per_pool() {
+        let mut st = build(
+            &Snapshot::default(),
+            &[],
+            &Decision::default(),
+            0,
+            "me",
+            None,
+        );
+        let pass = crate::mig::MigPass {
+            owed: vec![crate::mig::OwedStatus {
+                pool: "capi/a100".into(),
+                config: "gpuops-ab14fbc4".into(),
+                at: 1_796_119_200_000,
+            }],
+            ..crate::mig::MigPass::default()
+        };
+        add_mig(&mut st, &pass);
+        let table = render_table(&st);
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("POOL ") && l.contains("OWED MIG CONFIG")),
+            "{table}"
+        );
+        assert!(
+            table.lines().any(|l| l.starts_with("capi/a100 ")
+                && l.contains("gpuops-ab14fbc4")
+                && l.ends_with("2026-12-01T10:00:00Z")),
+            "{table}"
+        );
+        let back: Status = serde_json::from_str(&serde_json::to_string(&st).unwrap()).unwrap();
+        assert_eq!(back.mig_owed, st.mig_owed);
     }
 }

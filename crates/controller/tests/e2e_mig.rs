@@ -552,3 +552,203 @@ fn with_no_mig_capacity_one_node_is_bought_with_the_layout_the_pods_need() {
         "{st}"
     );
 }
+
+#[test]
+#[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at_boot() {
+    let (cluster, capi) = common::bed();
+    let cm = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIGMAP, "namespace": "default"},
+        "data": {"config.yaml": MIG_CONFIGS},
+    });
+    cluster.apply(&cm.to_string()).unwrap();
+    // The pool comes up with 7x 1g.10gb; a 3g.40gb pod needs a layout none of its nodes has.
+    let mut shape =
+        gpuops_testbed::NodeShape::gpu("NVIDIA-A100-SXM4-80GB", "nvidia.com/mig-1g.10gb", 7);
+    shape.devices.clear();
+    shape
+        .labels
+        .insert("nvidia.com/gpu.count".into(), "1".into());
+    shape
+        .labels
+        .insert("nvidia.com/mig.config".into(), "all-1g.10gb".into());
+    // The test provider standing in for the agent: MIG devices follow the node's label.
+    shape.mig_config_map = Some(format!("default/{CONFIGMAP}"));
+    shape.devices_delay = Duration::from_secs(4);
+    // The machine does not boot until the test lets it (below), so the controller's restart
+    // falls between the scale-up and the node registering however loaded the machine is.
+    shape.boot_delay = Duration::from_secs(3600);
+    let mut pool = gpuops_testbed::PoolSpec::new("a100g", shape);
+    for (k, v) in [
+        ("gpuops.io/price-per-hour", "10"),
+        ("gpuops.io/gpu-product", "NVIDIA-A100-SXM4-80GB"),
+        ("gpuops.io/mig-config", "all-1g.10gb"),
+        (
+            "capacity.cluster-autoscaler.kubernetes.io/gpu-type",
+            "nvidia.com/gpu",
+        ),
+        ("capacity.cluster-autoscaler.kubernetes.io/gpu-count", "1"),
+    ] {
+        pool.annotations.insert(k.into(), v.into());
+    }
+    capi.add_pool(&pool).unwrap();
+    // What the decision buys for one 3g.40gb and two 1g.10gb pods on an empty A100.
+    let one_gpu = std::collections::BTreeMap::from([("1g.10gb".to_string(), 7u32)]);
+    let expected = gpuops_autoscale::decide_mig(
+        &[],
+        &[
+            ("big", "3g.40gb"),
+            ("small-0", "1g.10gb"),
+            ("small-1", "1g.10gb"),
+        ]
+        .map(|(n, p)| gpuops_autoscale::mig_demand::MigPod {
+            key: format!("default/{n}"),
+            created: 0,
+            profile: p.into(),
+            count: 1,
+            cpu_milli: 0,
+            memory_mib: 0,
+        }),
+        &[gpuops_autoscale::mig_demand::MigPool {
+            name: "default/a100g".into(),
+            model: "NVIDIA-A100-SXM4-80GB".into(),
+            gpus: 1,
+            price_per_hour: 10.0,
+            room: 10,
+            default_config: Some(("all-1g.10gb".into(), vec![one_gpu])),
+            cpu_milli: u64::MAX,
+            memory_mib: u64::MAX,
+        }],
+        &mut gpuops_autoscale::MigMemory::default(),
+        60_000,
+        &gpuops_autoscale::MigConfig {
+            batch_idle: Duration::ZERO,
+            ..gpuops_autoscale::MigConfig::default()
+        },
+    );
+    assert_eq!(expected.scale_ups.len(), 1, "{expected:?}");
+    let su = &expected.scale_ups[0];
+    let config = su.config_name.clone();
+    assert!(config.starts_with("gpuops-"), "{su:?}");
+    assert_eq!(su.layout[0].get("3g.40gb"), Some(&1), "{su:?}");
+    let first = controller(
+        &cluster,
+        windows(Duration::from_secs(600), Duration::from_secs(600)),
+    );
+    let owed = || {
+        cluster
+            .get_json(&["configmap", CONFIGMAP])
+            .ok()
+            .and_then(|cm| {
+                cm["metadata"]["annotations"]["gpuops.io/mig.owed-configs"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+    };
+    cluster
+        .apply(&format!(
+            "{}---\n{}---\n{}",
+            pod("big", "nvidia.com/mig-3g.40gb"),
+            pod("small-0", "nvidia.com/mig-1g.10gb"),
+            pod("small-1", "nvidia.com/mig-1g.10gb"),
+        ))
+        .unwrap();
+    // Bought and owed; then the controller is gone before the node registers: a new one, with
+    // nothing in memory, labels the node from the ConfigMap and buys nothing more.
+    let buying = format!("buying 1 node(s) of pool default/a100g with MIG config {config}");
+    wait_until("the pool owing the config", Duration::from_secs(60), || {
+        owed().is_some_and(|o| o.contains(&config)) && status(&cluster).contains(&buying)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", status(&cluster), events(&cluster)));
+    drop(first);
+    assert!(
+        capi.machines("a100g")
+            .unwrap()
+            .iter()
+            .all(|m| m.node.is_none()),
+        "the node registered before the restart: the test no longer covers it"
+    );
+    let _controller = controller(
+        &cluster,
+        windows(Duration::from_secs(600), Duration::from_secs(600)),
+    );
+    // Now the node may boot.
+    let infra = cluster
+        .kubectl(&[
+            "get",
+            "gpuopstestmachines.infrastructure.cluster.x-k8s.io",
+            "-n",
+            "default",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert_eq!(infra.lines().count(), 1, "{infra}");
+    for m in infra.lines() {
+        cluster
+            .kubectl(&[
+                "patch",
+                m,
+                "-n",
+                "default",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"bootDelayMs":0}}"#,
+            ])
+            .unwrap();
+    }
+    wait_until("all three pods running", Duration::from_secs(120), || {
+        ["big", "small-0", "small-1"]
+            .iter()
+            .all(|p| phase(&cluster, p) == "Running")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", status(&cluster), events(&cluster)));
+    // Later passes buy nothing more: one need, one node.
+    passes_for(&cluster, Duration::from_secs(5));
+    let machines = capi.machines("a100g").unwrap();
+    assert_eq!(machines.len(), 1, "{machines:?}");
+    let node = machines[0].node.clone().unwrap();
+    let n = cluster.get_json(&["node", &node]).unwrap();
+    assert_eq!(
+        n["metadata"]["labels"]["nvidia.com/mig.config"].as_str(),
+        Some(config.as_str()),
+        "{n}"
+    );
+    assert!(
+        n["metadata"]["annotations"]["gpuops.io/mig.config.changed-at"].is_string(),
+        "{n}"
+    );
+    assert_eq!(
+        n["status"]["allocatable"]["nvidia.com/mig-3g.40gb"].as_str(),
+        Some("1"),
+        "{n}"
+    );
+    let text = cluster
+        .kubectl(&[
+            "get",
+            "configmap",
+            CONFIGMAP,
+            "-o",
+            "jsonpath={.data.config\\.yaml}",
+        ])
+        .unwrap();
+    assert!(
+        text.contains(&config) && text.contains("all-1g.10gb"),
+        "{text}"
+    );
+    // The owed entry (on the ConfigMap) was popped when the node was labelled.
+    let cm = cluster.get_json(&["configmap", CONFIGMAP]).unwrap();
+    assert!(
+        cm["metadata"]["annotations"]["gpuops.io/mig.owed-configs"].is_null(),
+        "{cm}"
+    );
+    let ev = events(&cluster);
+    assert_eq!(count(&ev, "MIGLayoutAtBoot"), 1, "{ev}");
+    assert!(ev.contains("TriggeredScaleUp"), "{ev}");
+    // The restarted controller bought nothing: its history has no scale-up.
+    let st = status(&cluster);
+    assert!(!st.contains("buying"), "{st}");
+}

@@ -229,3 +229,59 @@ fn do_not_disrupt_and_pdbs_reach_the_decision() {
             .any(|e| e.message.contains("do-not-disrupt"))
     );
 }
+
+/// A MIG pool's node relabelled at boot with a generated config is ready once it advertises
+/// MIG devices, not the template's (it may never offer those).
+#[test]
+fn a_mig_node_bought_with_a_generated_config_is_ready_on_its_own_devices() {
+    let mds = vec![md(
+        "mig",
+        2,
+        &[(pool::GPU_COUNT, "1"), (pool::MIG_CONFIG, "all-1g.10gb")],
+    )];
+    let machines = vec![
+        machine("m-gen", "mig", Some("gen"), "Running"),
+        machine("m-tpl", "mig", Some("tpl"), "Running"),
+    ];
+    let mig_node = |name: &str, config: &str, devices: &[(&str, &str)]| -> Node {
+        let mut n = node(name, true, 0, false);
+        n.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("nvidia.com/mig.config".into(), config.into());
+        let a = n
+            .status
+            .as_mut()
+            .unwrap()
+            .allocatable
+            .get_or_insert_with(Default::default);
+        for (k, v) in devices {
+            a.insert(
+                format!("nvidia.com/mig-{k}"),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity((*v).to_string()),
+            );
+        }
+        n
+    };
+    let nodes = vec![
+        mig_node("gen", "gpuops-1234abcd", &[("3g.40gb", "2")]),
+        // Still on the template's config and without its devices: not ready.
+        mig_node("tpl", "all-1g.10gb", &[("3g.40gb", "2")]),
+    ];
+    let (snap, errors) = build(
+        &Objects {
+            machine_deployments: &mds,
+            machines: &machines,
+            nodes: &nodes,
+            pods: &Vec::<Pod>::new(),
+            pdbs: &Vec::<PodDisruptionBudget>::new(),
+            gpu_util: &HashMap::new(),
+        },
+        NOW,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(snap.nodes.iter().any(|n| n.name == "gen"), "{snap:?}");
+    let stage = |m: &str| snap.machines.iter().find(|x| x.name == m).map(|x| x.stage);
+    assert_eq!(stage("capi/m-gen"), None);
+    assert_eq!(stage("capi/m-tpl"), Some(Stage::Devices));
+}

@@ -42,6 +42,11 @@ pub struct NodeShape {
     pub boot_delay: Duration,
     /// From Node registration to the devices in allocatable.
     pub devices_delay: Duration,
+    /// `namespace/name` of a mig-parted ConfigMap (key `config.yaml`): the node's MIG devices
+    /// then follow its `nvidia.com/mig.config` label, `devices_delay` after the label last
+    /// changed, as the config of that name yields them on `nvidia.com/gpu.count` GPUs. The
+    /// test provider standing in for gpuops's agent (harness nodes run the real one).
+    pub mig_config_map: Option<String>,
 }
 
 impl NodeShape {
@@ -62,19 +67,24 @@ impl NodeShape {
             startup_taint: true,
             boot_delay: Duration::from_secs(2),
             devices_delay: Duration::from_secs(3),
+            mig_config_map: None,
         }
     }
 
     /// The JSON stored in the CRDs.
     pub fn to_spec(&self) -> Value {
-        json!({
+        let mut spec = json!({
             "resources": self.resources,
             "devices": self.devices,
             "labels": self.labels,
             "startupTaint": self.startup_taint,
             "bootDelayMs": millis(self.boot_delay),
             "devicesDelayMs": millis(self.devices_delay),
-        })
+        });
+        if let Some(cm) = &self.mig_config_map {
+            spec["migConfigMap"] = json!(cm);
+        }
+        spec
     }
 
     /// Reads a `GpuopsTestMachine`'s `spec`; the error names the field at fault.
@@ -89,6 +99,7 @@ impl NodeShape {
             "startupTaint",
             "bootDelayMs",
             "devicesDelayMs",
+            "migConfigMap",
             "providerID",
         ];
         if let Some(k) = map.keys().find(|k| !known.contains(&k.as_str())) {
@@ -118,6 +129,20 @@ impl NodeShape {
             },
             boot_delay: duration_ms(spec, "bootDelayMs")?,
             devices_delay: duration_ms(spec, "devicesDelayMs")?,
+            mig_config_map: match spec.get("migConfigMap") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s))
+                    if s.split_once('/')
+                        .is_some_and(|(a, b)| !a.is_empty() && !b.is_empty()) =>
+                {
+                    Some(s.clone())
+                }
+                Some(other) => {
+                    return Err(format!(
+                        "spec.migConfigMap: want \"namespace/name\" of a ConfigMap, got {other}"
+                    ));
+                }
+            },
         })
     }
 }
@@ -173,6 +198,8 @@ pub(crate) struct NodeView {
     pub allocatable: BTreeMap<String, String>,
     /// Since the reconciler first saw it (or created it).
     pub age: Duration,
+    /// Since it first saw its `nvidia.com/mig.config` label at the current value.
+    pub label_age: Duration,
 }
 
 impl NodeView {
@@ -196,6 +223,7 @@ impl NodeView {
                 .unwrap_or_default(),
             allocatable: strings(&node["status"]["allocatable"]),
             age,
+            label_age: age,
         })
     }
 
@@ -306,7 +334,67 @@ pub(crate) fn device_actions(
 }
 
 /// The provider's whole plan for one observation of the cluster.
+#[cfg(test)]
 pub(crate) fn plan(machines: &[MachineView], nodes: &[NodeView]) -> Vec<Action> {
+    plan_with(machines, nodes, &HashMap::new())
+}
+
+/// The MIG devices the named config `config` yields on `gpus` GPUs, with every other
+/// `nvidia.com/mig-*` the node advertises set to 0 (what the agent would advertise after
+/// applying it). Later entries win per GPU, as in mig-parted; device filters are not looked at
+/// (the provider has no PCI ids).
+///
+/// # Errors
+/// The config file does not parse or has no config of that name; the message names both.
+pub(crate) fn mig_devices(
+    text: &str,
+    origin: &str,
+    config: &str,
+    gpus: u32,
+    advertised: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
+    let all = gpuops_mig::config::parse(text, origin).map_err(|e| e.to_string())?;
+    let cfg = all.get(config).map_err(|e| format!("{origin}: {e}"))?;
+    let mut per_gpu: Vec<BTreeMap<String, u32>> = vec![BTreeMap::new(); gpus as usize];
+    for e in &cfg.entries {
+        for (i, slot) in per_gpu.iter_mut().enumerate() {
+            let selected = match &e.devices {
+                gpuops_mig::config::Devices::All => true,
+                gpuops_mig::config::Devices::List(l) => {
+                    l.contains(&u32::try_from(i).unwrap_or(u32::MAX))
+                }
+            };
+            if selected {
+                *slot = if e.mig_enabled {
+                    e.mig_devices.clone()
+                } else {
+                    BTreeMap::new()
+                };
+            }
+        }
+    }
+    let mut out: BTreeMap<String, String> = advertised
+        .keys()
+        .filter(|k| k.starts_with("nvidia.com/mig-"))
+        .map(|k| (k.clone(), "0".to_string()))
+        .collect();
+    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    for g in &per_gpu {
+        for (p, n) in g {
+            *counts.entry(format!("nvidia.com/mig-{p}")).or_insert(0) += n;
+        }
+    }
+    out.extend(counts.into_iter().map(|(k, v)| (k, v.to_string())));
+    Ok(out)
+}
+
+/// The provider's whole plan for one observation of the cluster, with the text of the
+/// mig-parted ConfigMaps the shapes name (`namespace/name` -> text).
+pub(crate) fn plan_with(
+    machines: &[MachineView],
+    nodes: &[NodeView],
+    configs: &HashMap<String, String>,
+) -> Vec<Action> {
     let mut actions = Vec::new();
     let by_name: HashMap<&str, &NodeView> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     let mut wanted: HashSet<(String, String)> = HashSet::new();
@@ -330,7 +418,42 @@ pub(crate) fn plan(machines: &[MachineView], nodes: &[NodeView]) -> Vec<Action> 
                 actions.push(Action::CreateNode(node_for(m, shape)));
             }
             None => {}
-            Some(node) => actions.extend(device_actions(node, &shape.devices, shape.devices_delay)),
+            Some(node) => match &shape.mig_config_map {
+                None => actions.extend(device_actions(node, &shape.devices, shape.devices_delay)),
+                Some(cm) => {
+                    let label = node.labels.get("nvidia.com/mig.config");
+                    let gpus = node
+                        .labels
+                        .get("nvidia.com/gpu.count")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(1);
+                    let mut devices = shape.devices.clone();
+                    // No label or no ConfigMap yet: nothing but the shape's other devices.
+                    if let (Some(label), Some(text)) = (label, configs.get(cm)) {
+                        match mig_devices(
+                            text,
+                            &format!("ConfigMap {cm} key config.yaml"),
+                            label,
+                            gpus,
+                            &node.allocatable,
+                        ) {
+                            Ok(d) => devices.extend(d),
+                            Err(e) => {
+                                eprintln!("test provider: node {}: {e}", node.name);
+                                continue;
+                            }
+                        }
+                    }
+                    actions.extend(device_actions(
+                        &NodeView {
+                            age: node.label_age,
+                            ..(*node).clone()
+                        },
+                        &devices,
+                        shape.devices_delay,
+                    ));
+                }
+            },
         }
         if m.age >= shape.boot_delay && !m.provisioned {
             actions.push(Action::Provision {
@@ -445,6 +568,8 @@ impl FirstSeen {
 pub(crate) struct Provider {
     machines: FirstSeen,
     nodes: FirstSeen,
+    /// `node=label` of each node's `nvidia.com/mig.config`: MIG devices follow the label.
+    labels: FirstSeen,
 }
 
 impl Provider {
@@ -468,7 +593,7 @@ impl Provider {
         let mut actions = Vec::new();
         let mut machines = Vec::new();
         let mut nodes = Vec::new();
-        let (mut live_m, mut live_n) = (HashSet::new(), HashSet::new());
+        let (mut live_m, mut live_n, mut live_l) = (HashSet::new(), HashSet::new(), HashSet::new());
         for item in &items {
             let ns = item["metadata"]["namespace"]
                 .as_str()
@@ -516,8 +641,17 @@ impl Provider {
                 }
                 Some("Node") => {
                     let age = self.nodes.age(&name, now);
+                    let label = format!(
+                        "{name}={}",
+                        item["metadata"]["labels"]["nvidia.com/mig.config"]
+                            .as_str()
+                            .unwrap_or("")
+                    );
+                    let label_age = self.labels.age(&label, now);
+                    live_l.insert(label);
                     live_n.insert(name);
-                    if let Some(view) = NodeView::from_json(item, age) {
+                    if let Some(mut view) = NodeView::from_json(item, age) {
+                        view.label_age = label_age.min(age);
                         nodes.push(view);
                     }
                 }
@@ -526,7 +660,31 @@ impl Provider {
         }
         self.machines.retain(&live_m);
         self.nodes.retain(&live_n);
-        actions.extend(plan(&machines, &nodes));
+        self.labels.retain(&live_l);
+        let mut configs = HashMap::new();
+        for cm in machines
+            .iter()
+            .filter_map(|m| m.shape.as_ref().ok()?.mig_config_map.clone())
+            .collect::<HashSet<_>>()
+        {
+            let (ns, name) = cm.split_once('/').unwrap_or(("default", &cm));
+            // A ConfigMap not there yet: the node gets its MIG devices once it is.
+            if let Ok(text) = kube.run(
+                &[
+                    "get",
+                    "configmap",
+                    name,
+                    "-n",
+                    ns,
+                    "-o",
+                    "jsonpath={.data.config\\.yaml}",
+                ],
+                None,
+            ) {
+                configs.insert(cm, text);
+            }
+        }
+        actions.extend(plan_with(&machines, &nodes, &configs));
         let mut errors = Vec::new();
         for action in &actions {
             if let Action::CreateNode(node) = action
@@ -570,8 +728,101 @@ mod tests {
 
     #[test]
     fn a_shape_survives_its_json() {
-        let shape = NodeShape::gpu("NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu", 8);
+        let mut shape = NodeShape::gpu("NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu", 8);
         assert_eq!(NodeShape::from_spec(&shape.to_spec()).unwrap(), shape);
+        shape.mig_config_map = Some("default/gpuops-mig-config".into());
+        assert_eq!(NodeShape::from_spec(&shape.to_spec()).unwrap(), shape);
+    }
+
+    const MIG_FILE: &str = "version: v1\nmig-configs:\n  all-1g.10gb:\n  - devices: all\n    mig-enabled: true\n    mig-devices: {1g.10gb: 7}\n  gpuops-abcd:\n  - devices: [0]\n    mig-enabled: true\n    mig-devices: {3g.40gb: 1, 1g.10gb: 2}\n  - devices: [1]\n    mig-enabled: false\n";
+
+    #[test]
+    fn mig_devices_follow_the_named_config_and_zero_what_it_drops() {
+        let advertised: BTreeMap<String, String> =
+            [("nvidia.com/mig-1g.10gb".to_string(), "14".to_string())].into();
+        assert_eq!(
+            mig_devices(MIG_FILE, "cm", "all-1g.10gb", 2, &BTreeMap::new()).unwrap(),
+            BTreeMap::from([("nvidia.com/mig-1g.10gb".into(), "14".into())])
+        );
+        assert_eq!(
+            mig_devices(MIG_FILE, "cm", "gpuops-abcd", 2, &advertised).unwrap(),
+            BTreeMap::from([
+                ("nvidia.com/mig-1g.10gb".into(), "2".into()),
+                ("nvidia.com/mig-3g.40gb".into(), "1".into()),
+            ])
+        );
+        let err = mig_devices(
+            MIG_FILE,
+            "ConfigMap default/x",
+            "gpuops-none",
+            2,
+            &advertised,
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("ConfigMap default/x") && err.contains("gpuops-none"),
+            "{err}"
+        );
+        let err = mig_devices(
+            "version: v1\nmig-configs: [",
+            "ConfigMap default/x",
+            "a",
+            1,
+            &advertised,
+        )
+        .unwrap_err();
+        assert!(err.contains("ConfigMap default/x"), "{err}");
+    }
+
+    #[test]
+    fn mig_devices_appear_a_delay_after_the_label_changes() {
+        let mut shape = NodeShape::gpu("NVIDIA-A100-SXM4-80GB", "nvidia.com/mig-1g.10gb", 7);
+        shape.devices.clear();
+        shape
+            .labels
+            .insert("nvidia.com/gpu.count".into(), "2".into());
+        shape
+            .labels
+            .insert("nvidia.com/mig.config".into(), "all-1g.10gb".into());
+        shape.mig_config_map = Some("default/cm".into());
+        let mut m = machine("m", 10_000, shape);
+        m.provisioned = true;
+        let configs = HashMap::from([("default/cm".to_string(), MIG_FILE.to_string())]);
+        let mut n = node_of(&m, 60_000);
+        n.label_age = Duration::from_millis(60_000);
+        let actions = plan_with(std::slice::from_ref(&m), std::slice::from_ref(&n), &configs);
+        assert_eq!(
+            actions,
+            vec![Action::PatchNodeStatus {
+                name: "m".into(),
+                patch: json!({"status": {
+                    "capacity": {"nvidia.com/mig-1g.10gb": "14"},
+                    "allocatable": {"nvidia.com/mig-1g.10gb": "14"},
+                }}),
+            }]
+        );
+        // Relabelled 1 s ago: nothing yet; after the delay, the new config's devices.
+        n.labels
+            .insert("nvidia.com/mig.config".into(), "gpuops-abcd".into());
+        n.allocatable
+            .insert("nvidia.com/mig-1g.10gb".into(), "14".into());
+        n.label_age = Duration::from_secs(1);
+        assert_eq!(
+            plan_with(std::slice::from_ref(&m), std::slice::from_ref(&n), &configs),
+            vec![]
+        );
+        n.label_age = Duration::from_secs(5);
+        let actions = plan_with(std::slice::from_ref(&m), std::slice::from_ref(&n), &configs);
+        assert_eq!(
+            actions,
+            vec![Action::PatchNodeStatus {
+                name: "m".into(),
+                patch: json!({"status": {
+                    "capacity": {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"},
+                    "allocatable": {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"},
+                }}),
+            }]
+        );
     }
 
     #[test]
@@ -599,6 +850,10 @@ mod tests {
                 "spec.startupTaint: want true or false",
             ),
             (json!({"bootdelay": 1}), "spec.bootdelay: unknown field"),
+            (
+                json!({"migConfigMap": "no-namespace"}),
+                "spec.migConfigMap: want \"namespace/name\"",
+            ),
         ];
         for (spec, want) in cases {
             let err = NodeShape::from_spec(&spec).unwrap_err();
