@@ -100,8 +100,17 @@ async fn registered_is_true_only_while_the_current_kubelet_knows_every_resource(
             calls: Arc::clone(&calls),
         },
     );
+    // Not registered from the moment our socket is gone (the supervisor may see that before
+    // the new kubelet.sock), and the new kubelet's refusal keeps it so.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls.lock().unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted kubelet was never asked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     wait_for("a restarted kubelet that refused", &registered, false).await;
-    assert!(!calls.lock().unwrap().is_empty());
 
     stop_tx.send(true).unwrap();
     plugin.await.unwrap().unwrap();
