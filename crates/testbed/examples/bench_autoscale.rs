@@ -136,6 +136,7 @@ fn main() {
         .collect();
     let sides = env_list("BENCH_SIDES", "karpenter,karpenter-taint,gpuops");
     let mut rows = Vec::new();
+    let mut outcomes: Vec<Outcome> = Vec::new();
     let mut notes = Vec::new();
     for scenario in &scenarios {
         for side in &sides {
@@ -147,7 +148,13 @@ fn main() {
                 other => Err(format!("BENCH_SIDES: unknown side {other:?}")),
             };
             match result {
-                Ok(outcome) => rows.push(outcome.row()),
+                Ok(outcome) => {
+                    rows.push(outcome.row());
+                    for line in scenario::instance_lines(&outcome) {
+                        eprintln!("[bench] {line}");
+                    }
+                    outcomes.push(outcome);
+                }
                 Err(e) => notes.push(format!("- {} / {side}: {e}", scenario.name)),
             }
         }
@@ -164,5 +171,19 @@ fn main() {
     }
     for n in notes {
         println!("{n}");
+    }
+    for scenario in &scenarios {
+        let these: Vec<&Outcome> = outcomes
+            .iter()
+            .filter(|o| o.scenario == scenario.name)
+            .collect();
+        if these.is_empty() {
+            continue;
+        }
+        println!(
+            "\nStages of {} (per pod; objects' own timestamps, whole seconds):\n",
+            scenario.name
+        );
+        println!("{}", scenario::stage_table(&these));
     }
 }

@@ -18,7 +18,7 @@
 //! ```
 
 use crate::capi::http_ok;
-use crate::infra::{FirstSeen, NodeView, STARTUP_TAINT, device_actions, execute};
+use crate::infra::{FirstSeen, NodeView, STARTUP_TAINT, device_actions, execute_all};
 use crate::kubectl::{Kubectl, Loop};
 use crate::process::Managed;
 use crate::scenario::{Autoscaler, GPU, Instance};
@@ -147,6 +147,8 @@ pub struct NodeClaimInfo {
     pub name: String,
     pub instance_type: Option<String>,
     pub node: Option<String>,
+    /// Its `metadata.creationTimestamp`: when Karpenter decided to launch it.
+    pub created: Option<String>,
     pub launched: bool,
     pub registered: bool,
     pub initialized: bool,
@@ -345,6 +347,9 @@ impl Karpenter {
                                 .as_str()
                                 .map(str::to_string),
                             node: c["status"]["nodeName"].as_str().map(str::to_string),
+                            created: c["metadata"]["creationTimestamp"]
+                                .as_str()
+                                .map(str::to_string),
                             launched: condition_true(c, "Launched"),
                             registered: condition_true(c, "Registered"),
                             initialized: condition_true(c, "Initialized"),
@@ -379,6 +384,8 @@ impl Autoscaler for Karpenter {
                     .copied()
                     .unwrap_or(0),
                 name: c.name,
+                created: c.created,
+                node: c.node,
             })
             .collect())
     }
@@ -403,7 +410,7 @@ fn lag_tick(
         .map_err(|e| e.to_string())?;
     let now = Instant::now();
     let mut live = HashSet::new();
-    let mut errors = Vec::new();
+    let mut actions = Vec::new();
     for item in list["items"].as_array().into_iter().flatten() {
         let Some(name) = item["metadata"]["name"].as_str() else {
             continue;
@@ -420,13 +427,11 @@ fn lag_tick(
         else {
             continue;
         };
-        for action in device_actions(&node, wanted, delay) {
-            if let Err(e) = execute(kube, &action) {
-                errors.push(e.to_string());
-            }
-        }
+        actions.extend(device_actions(&node, wanted, delay));
     }
     seen.retain(&live);
+    // Concurrently, as the Cluster API provider does: the same lag for both autoscalers.
+    let errors = execute_all(kube, &actions);
     if errors.is_empty() {
         Ok(())
     } else {
