@@ -117,6 +117,30 @@ fn gpuops_side(scenario: &Scenario, boot: Duration, devices: Duration) -> Result
         .stderr(log)
         .spawn()
         .map_err(|e| format!("{bin}: {e}"))?;
+    // As Karpenter's side waits for its NodePool to be Ready: the pools' MachineSets exist and
+    // the controller has synced its caches and run a pass (it writes its status then). Without
+    // this a first run counted Cluster API creating the MachineSet into the time to capacity.
+    let pools = KarpenterOptions::default().instance_types.len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let sets = cluster
+            .get_json(&["machinesets.cluster.x-k8s.io", "-n", "default"])
+            .map(|l| l["items"].as_array().map_or(0, Vec::len))
+            .unwrap_or(0);
+        let passed = cluster
+            .get_json(&["configmap", "gpuops-autoscaler-status", "-n", "default"])
+            .is_ok();
+        if sets >= pools && passed {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = controller.kill();
+            return Err(format!(
+                "not ready in 120 s: {sets} of {pools} MachineSets, status written: {passed}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
     let outcome = scenario::run(&cluster, &capi, scenario, "default", TIMEOUT, SETTLE);
     let _ = controller.kill();
     let _ = controller.wait();

@@ -18,7 +18,9 @@
 //! ```
 
 use crate::capi::http_ok;
-use crate::infra::{FirstSeen, NodeView, STARTUP_TAINT, device_actions, execute_all};
+use crate::infra::{
+    FirstSeen, NodeView, STARTUP_TAINT, age_since_created, device_actions, execute_all,
+};
 use crate::kubectl::{Kubectl, Loop};
 use crate::process::Managed;
 use crate::scenario::{Autoscaler, GPU, Instance};
@@ -416,7 +418,9 @@ fn lag_tick(
             continue;
         };
         live.insert(name.to_string());
-        let age = seen.age(name, now);
+        // From its registration, as the Cluster API provider counts from the Node it creates;
+        // first seen by a slow pass alone ran late.
+        let age = seen.age(name, now).max(age_since_created(item));
         let Some(node) = NodeView::from_json(item, age) else {
             continue;
         };

@@ -5,6 +5,7 @@
 //! each stage on the way (decided, instance created, node registered, GPUs, startup taint gone,
 //! bound, running), from the objects' own timestamps where they have one.
 
+pub use crate::infra::parse_rfc3339;
 use crate::infra::{STARTUP_TAINT, TAINT_REMOVED_AT};
 use crate::{BedError, Cluster};
 use serde_json::{Value, json};
@@ -359,38 +360,6 @@ fn has_taint(node: &Value, key: &str) -> bool {
     node["spec"]["taints"]
         .as_array()
         .is_some_and(|ts| ts.iter().any(|t| t["key"].as_str() == Some(key)))
-}
-
-/// Seconds since the Unix epoch of an RFC 3339 UTC time (`2026-12-01T13:45:00Z`, or with a
-/// fraction, as in an Event's `eventTime`); `None` for anything else.
-pub fn parse_rfc3339(text: &str) -> Option<f64> {
-    let t = text.strip_suffix('Z')?;
-    let (date, time) = t.split_once('T')?;
-    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let (hms, frac) = match time.split_once('.') {
-        Some((hms, f)) if !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()) => {
-            (hms, format!("0.{f}").parse::<f64>().ok()?)
-        }
-        Some(_) => return None,
-        None => (time, 0.0),
-    };
-    let mut h = hms.splitn(3, ':').map(|x| x.parse::<i64>().ok());
-    let (hh, mm, ss) = (h.next()??, h.next()??, h.next()??);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || hh > 23 || mm > 59 || ss > 60 {
-        return None;
-    }
-    // Howard Hinnant's days-from-civil.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
-    #[allow(clippy::cast_precision_loss)] // seconds since 1970 fit an f64 exactly
-    Some(secs as f64 + frac)
 }
 
 fn time_of(v: &Value) -> Option<f64> {
