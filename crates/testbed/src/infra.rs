@@ -460,7 +460,6 @@ pub fn parse_rfc3339(text: &str) -> Option<f64> {
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
     let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
-    #[allow(clippy::cast_precision_loss)] // seconds since 1970 fit an f64 exactly
     Some(secs as f64 + frac)
 }
 
