@@ -5,7 +5,8 @@
 //!
 //! Run through scripts/bench-autoscale (it builds what is needed). Knobs (environment):
 //! BENCH_BOOT_S (5), BENCH_DEVICES_S (10), BENCH_SCENARIOS (`a,b`),
-//! BENCH_SIDES (`karpenter,karpenter-taint,gpuops`).
+//! BENCH_SIDES (`karpenter,karpenter-taint,gpuops`), BENCH_BIN_PACKING (`1`: a GPU bin-packing
+//! scheduler profile for both sides).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark driver
 
 use gpuops_testbed::scenario::{self, Outcome, Scenario};
@@ -30,6 +31,14 @@ fn env_list(name: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
+/// With BENCH_BIN_PACKING=1 both sides' kube-scheduler scores nodes by how full their GPUs are
+/// (NodeResourcesFit MostAllocated), as GPU clusters often run it; the default spreads.
+fn scheduler_config() -> Option<String> {
+    (std::env::var("BENCH_BIN_PACKING").as_deref() == Ok("1")).then(|| {
+        "profiles:\n- schedulerName: default-scheduler\n  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n        type: MostAllocated\n        resources:\n        - name: nvidia.com/gpu\n          weight: 1\n".to_string()
+    })
+}
+
 const TIMEOUT: Duration = Duration::from_secs(420);
 const SETTLE: Duration = Duration::from_secs(20);
 
@@ -43,6 +52,7 @@ fn karpenter_side(
         kwok: true,
         controller_manager: true,
         apiserver_args: KarpenterOptions::apiserver_args(),
+        scheduler_config: scheduler_config(),
         ..ClusterOptions::default()
     })
     .map_err(|e| e.to_string())?;
@@ -75,6 +85,7 @@ fn gpuops_side(scenario: &Scenario, boot: Duration, devices: Duration) -> Result
     let cluster = Cluster::start(ClusterOptions {
         kwok: true,
         controller_manager: true,
+        scheduler_config: scheduler_config(),
         ..ClusterOptions::default()
     })
     .map_err(|e| e.to_string())?;
