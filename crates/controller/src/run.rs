@@ -250,6 +250,7 @@ pub async fn run(
     };
     let mut state = State::default();
     let mut clock = crate::clock::Clock::default();
+    let mut seen: HashMap<String, u64> = HashMap::new();
     let mut previous: Option<Status> = None;
     let mut backoff = Duration::ZERO;
     // After a failed pass nothing runs before this, whatever wakes the loop: with the apiserver
@@ -277,7 +278,7 @@ pub async fn run(
             continue;
         }
         retry_at = None;
-        match pass(&ctx, &mut state, &mut clock, previous.as_ref()).await {
+        match pass(&ctx, &mut state, &mut clock, &mut seen, previous.as_ref()).await {
             Ok(s) => {
                 previous = Some(s);
                 backoff = Duration::ZERO;
@@ -322,10 +323,19 @@ fn values(store: &Store<DynamicObject>) -> Vec<Value> {
         .collect()
 }
 
+/// When a pod could have been created at the latest, for the batch window: a creationTimestamp
+/// has whole seconds, so a pod created at x.9 s looked a second idle at x+1.0 and a burst
+/// straddling a second was split (bench-autoscale (b): 6 pods alone, 12 nodes where 7 fit).
+/// The latest is its first sighting here, never more than a second after the timestamp.
+fn latest_creation(created: u64, first_seen: u64) -> u64 {
+    created.max(first_seen.min(created.saturating_add(999)))
+}
+
 async fn pass(
     ctx: &Ctx,
     state: &mut State,
     clock: &mut crate::clock::Clock,
+    seen: &mut HashMap<String, u64>,
     previous: Option<&Status>,
 ) -> Result<Status, ControllerError> {
     let (now, jumped) = clock.read();
@@ -367,6 +377,14 @@ async fn pass(
         },
         now,
     );
+    let pending: std::collections::HashSet<&str> =
+        snap.pending.iter().map(|p| p.key.as_str()).collect();
+    seen.retain(|k, _| pending.contains(k.as_str()));
+    drop(pending);
+    for p in &mut snap.pending {
+        let first = *seen.entry(p.key.clone()).or_insert(now);
+        p.created = latest_creation(p.created, first);
+    }
     let mut mig = match &ctx.mig {
         Some(m) => {
             let (client, ns) = (&ctx.client, &ctx.cfg.namespace);
@@ -627,6 +645,17 @@ pub async fn read_status(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_pods_latest_creation_is_its_first_sighting_within_its_timestamps_second() {
+        // Seen 0.9 s into its second: created then at the latest.
+        assert_eq!(latest_creation(10_000, 10_900), 10_900);
+        // Seen later (a restart, a slow watch): no more than the second's end.
+        assert_eq!(latest_creation(10_000, 60_000), 10_999);
+        // A clock behind the apiserver's: never before the timestamp.
+        assert_eq!(latest_creation(10_000, 9_000), 10_000);
+        assert_eq!(latest_creation(u64::MAX, u64::MAX), u64::MAX);
+    }
 
     #[test]
     fn cached_objects_lose_managed_fields_and_the_last_applied_copy_only() {

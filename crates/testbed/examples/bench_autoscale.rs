@@ -5,7 +5,8 @@
 //!
 //! Run through scripts/bench-autoscale (it builds what is needed). Knobs (environment):
 //! BENCH_BOOT_S (5), BENCH_DEVICES_S (10), BENCH_SCENARIOS (`a,b`),
-//! BENCH_SIDES (`karpenter,karpenter-taint,gpuops`).
+//! BENCH_SIDES (`karpenter,karpenter-taint,gpuops`), BENCH_BIN_PACKING (`1`: a GPU bin-packing
+//! scheduler profile for both sides).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark driver
 
 use gpuops_testbed::scenario::{self, Outcome, Scenario};
@@ -30,6 +31,14 @@ fn env_list(name: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
+/// With BENCH_BIN_PACKING=1 both sides' kube-scheduler scores nodes by how full their GPUs are
+/// (NodeResourcesFit MostAllocated), as GPU clusters often run it; the default spreads.
+fn scheduler_config() -> Option<String> {
+    (std::env::var("BENCH_BIN_PACKING").as_deref() == Ok("1")).then(|| {
+        "profiles:\n- schedulerName: default-scheduler\n  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n        type: MostAllocated\n        resources:\n        - name: nvidia.com/gpu\n          weight: 1\n".to_string()
+    })
+}
+
 const TIMEOUT: Duration = Duration::from_secs(420);
 const SETTLE: Duration = Duration::from_secs(20);
 
@@ -43,6 +52,7 @@ fn karpenter_side(
         kwok: true,
         controller_manager: true,
         apiserver_args: KarpenterOptions::apiserver_args(),
+        scheduler_config: scheduler_config(),
         ..ClusterOptions::default()
     })
     .map_err(|e| e.to_string())?;
@@ -75,6 +85,7 @@ fn gpuops_side(scenario: &Scenario, boot: Duration, devices: Duration) -> Result
     let cluster = Cluster::start(ClusterOptions {
         kwok: true,
         controller_manager: true,
+        scheduler_config: scheduler_config(),
         ..ClusterOptions::default()
     })
     .map_err(|e| e.to_string())?;
@@ -117,6 +128,30 @@ fn gpuops_side(scenario: &Scenario, boot: Duration, devices: Duration) -> Result
         .stderr(log)
         .spawn()
         .map_err(|e| format!("{bin}: {e}"))?;
+    // As Karpenter's side waits for its NodePool to be Ready: the pools' MachineSets exist and
+    // the controller has synced its caches and run a pass (it writes its status then). Without
+    // this a first run counted Cluster API creating the MachineSet into the time to capacity.
+    let pools = KarpenterOptions::default().instance_types.len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let sets = cluster
+            .get_json(&["machinesets.cluster.x-k8s.io", "-n", "default"])
+            .map(|l| l["items"].as_array().map_or(0, Vec::len))
+            .unwrap_or(0);
+        let passed = cluster
+            .get_json(&["configmap", "gpuops-autoscaler-status", "-n", "default"])
+            .is_ok();
+        if sets >= pools && passed {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = controller.kill();
+            return Err(format!(
+                "not ready in 120 s: {sets} of {pools} MachineSets, status written: {passed}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
     let outcome = scenario::run(&cluster, &capi, scenario, "default", TIMEOUT, SETTLE);
     let _ = controller.kill();
     let _ = controller.wait();
@@ -136,6 +171,7 @@ fn main() {
         .collect();
     let sides = env_list("BENCH_SIDES", "karpenter,karpenter-taint,gpuops");
     let mut rows = Vec::new();
+    let mut outcomes: Vec<Outcome> = Vec::new();
     let mut notes = Vec::new();
     for scenario in &scenarios {
         for side in &sides {
@@ -147,7 +183,13 @@ fn main() {
                 other => Err(format!("BENCH_SIDES: unknown side {other:?}")),
             };
             match result {
-                Ok(outcome) => rows.push(outcome.row()),
+                Ok(outcome) => {
+                    rows.push(outcome.row());
+                    for line in scenario::instance_lines(&outcome) {
+                        eprintln!("[bench] {line}");
+                    }
+                    outcomes.push(outcome);
+                }
                 Err(e) => notes.push(format!("- {} / {side}: {e}", scenario.name)),
             }
         }
@@ -164,5 +206,19 @@ fn main() {
     }
     for n in notes {
         println!("{n}");
+    }
+    for scenario in &scenarios {
+        let these: Vec<&Outcome> = outcomes
+            .iter()
+            .filter(|o| o.scenario == scenario.name)
+            .collect();
+        if these.is_empty() {
+            continue;
+        }
+        println!(
+            "\nStages of {} (per pod; objects' own timestamps, whole seconds):\n",
+            scenario.name
+        );
+        println!("{}", scenario::stage_table(&these));
     }
 }

@@ -527,6 +527,10 @@ impl Autoscaler for ClusterApi {
                         .and_then(|s| s.devices.get(GPU))
                         .and_then(|g| g.parse().ok())
                         .unwrap_or(0),
+                    created: m["metadata"]["creationTimestamp"]
+                        .as_str()
+                        .map(str::to_string),
+                    node: m["status"]["nodeRef"]["name"].as_str().map(str::to_string),
                 })
             })
             .collect())

@@ -18,7 +18,9 @@
 //! ```
 
 use crate::capi::http_ok;
-use crate::infra::{FirstSeen, NodeView, STARTUP_TAINT, device_actions, execute};
+use crate::infra::{
+    FirstSeen, NodeView, STARTUP_TAINT, age_since_created, device_actions, execute_all,
+};
 use crate::kubectl::{Kubectl, Loop};
 use crate::process::Managed;
 use crate::scenario::{Autoscaler, GPU, Instance};
@@ -147,6 +149,8 @@ pub struct NodeClaimInfo {
     pub name: String,
     pub instance_type: Option<String>,
     pub node: Option<String>,
+    /// Its `metadata.creationTimestamp`: when Karpenter decided to launch it.
+    pub created: Option<String>,
     pub launched: bool,
     pub registered: bool,
     pub initialized: bool,
@@ -345,6 +349,9 @@ impl Karpenter {
                                 .as_str()
                                 .map(str::to_string),
                             node: c["status"]["nodeName"].as_str().map(str::to_string),
+                            created: c["metadata"]["creationTimestamp"]
+                                .as_str()
+                                .map(str::to_string),
                             launched: condition_true(c, "Launched"),
                             registered: condition_true(c, "Registered"),
                             initialized: condition_true(c, "Initialized"),
@@ -379,6 +386,8 @@ impl Autoscaler for Karpenter {
                     .copied()
                     .unwrap_or(0),
                 name: c.name,
+                created: c.created,
+                node: c.node,
             })
             .collect())
     }
@@ -403,13 +412,15 @@ fn lag_tick(
         .map_err(|e| e.to_string())?;
     let now = Instant::now();
     let mut live = HashSet::new();
-    let mut errors = Vec::new();
+    let mut actions = Vec::new();
     for item in list["items"].as_array().into_iter().flatten() {
         let Some(name) = item["metadata"]["name"].as_str() else {
             continue;
         };
         live.insert(name.to_string());
-        let age = seen.age(name, now);
+        // From its registration, as the Cluster API provider counts from the Node it creates;
+        // first seen by a slow pass alone ran late.
+        let age = seen.age(name, now).max(age_since_created(item));
         let Some(node) = NodeView::from_json(item, age) else {
             continue;
         };
@@ -420,13 +431,11 @@ fn lag_tick(
         else {
             continue;
         };
-        for action in device_actions(&node, wanted, delay) {
-            if let Err(e) = execute(kube, &action) {
-                errors.push(e.to_string());
-            }
-        }
+        actions.extend(device_actions(&node, wanted, delay));
     }
     seen.retain(&live);
+    // Concurrently, as the Cluster API provider does: the same lag for both autoscalers.
+    let errors = execute_all(kube, &actions);
     if errors.is_empty() {
         Ok(())
     } else {

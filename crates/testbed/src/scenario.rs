@@ -1,12 +1,16 @@
 //! Autoscaling scenarios measured the same way whichever autoscaler runs in the test bed: pending
 //! GPU pods go in, and out come the instances launched (vs the fewest that fit, computed
 //! independently), time to capacity per pod (created -> Running) and GPU-hours bought until every
-//! pod runs (instance-seconds from launch x its GPUs).
+//! pod runs (instance-seconds from launch x its GPUs), and per pod and per instance the time of
+//! each stage on the way (decided, instance created, node registered, GPUs, startup taint gone,
+//! bound, running), from the objects' own timestamps where they have one.
 
+pub use crate::infra::parse_rfc3339;
+use crate::infra::{STARTUP_TAINT, TAINT_REMOVED_AT};
 use crate::{BedError, Cluster};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The GPU resource the scenarios ask for.
 pub const GPU: &str = "nvidia.com/gpu";
@@ -16,6 +20,10 @@ pub const GPU: &str = "nvidia.com/gpu";
 pub struct Instance {
     pub name: String,
     pub gpus: u32,
+    /// Its `metadata.creationTimestamp` (RFC 3339).
+    pub created: Option<String>,
+    /// The Node it became, once it has one.
+    pub node: Option<String>,
 }
 
 /// What a scenario needs from an autoscaler under test.
@@ -95,6 +103,39 @@ pub struct Outcome {
     /// device-plugin delay shows between the two).
     pub first_node: Option<Duration>,
     pub first_gpus: Option<Duration>,
+    /// Per pod, each of [`STAGES`] (seconds since the Unix epoch).
+    pub pod_stages: Vec<Stages>,
+    /// Per instance, [`STAGES`] from "instance created" to "startup taint gone".
+    pub instance_stages: Vec<Stages>,
+}
+
+/// The stages on a pod's way to capacity, in order.
+pub const STAGES: [&str; 8] = [
+    "pod created",
+    "autoscaler decided",
+    "instance created",
+    "node registered",
+    "GPUs in allocatable",
+    "startup taint gone",
+    "pod bound",
+    "pod running",
+];
+const DECIDED: usize = 1;
+const INSTANCE: usize = 2;
+const REGISTERED: usize = 3;
+const GPUS: usize = 4;
+const UNTAINTED: usize = 5;
+const BOUND: usize = 6;
+const RUNNING: usize = 7;
+
+/// When one pod (or instance) reached each of [`STAGES`], seconds since the Unix epoch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stages {
+    /// The pod's name (or the instance's).
+    pub name: String,
+    /// The instance its node came from.
+    pub instance: Option<String>,
+    pub at: [Option<f64>; STAGES.len()],
 }
 
 impl Outcome {
@@ -157,26 +198,58 @@ pub fn run(
         .collect();
     let list = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
     let start = Instant::now();
+    let start_unix = unix_now();
     cluster.apply(&list)?;
 
     let mut running: BTreeMap<String, Duration> = BTreeMap::new();
-    let mut instances: BTreeMap<String, (Duration, u32)> = BTreeMap::new();
+    let mut instances: BTreeMap<String, (Duration, Instance)> = BTreeMap::new();
     let mut all_at: Option<Duration> = None;
     let (mut first_node, mut first_gpus) = (None, None);
-    let before: Vec<String> = node_names(cluster)?.into_iter().map(|(n, _)| n).collect();
+    let before: Vec<String> = nodes_now(cluster)?
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    let mut seen: BTreeMap<String, NodeSeen> = BTreeMap::new();
     loop {
         let now = start.elapsed();
-        for (name, gpus) in node_names(cluster)? {
+        let now_unix = unix_now();
+        for node in nodes_now(cluster)? {
+            let Some(name) = node["metadata"]["name"].as_str().map(str::to_string) else {
+                continue;
+            };
             if before.contains(&name) {
                 continue;
             }
             first_node.get_or_insert(now);
+            let gpus = has_gpus(&node);
             if gpus {
                 first_gpus.get_or_insert(now);
             }
+            let s = seen.entry(name).or_default();
+            let tainted = has_taint(&node, STARTUP_TAINT);
+            s.tainted |= tainted;
+            if gpus {
+                s.gpus_polled.get_or_insert(now_unix);
+            }
+            if s.tainted && !tainted {
+                s.untainted_polled.get_or_insert(now_unix);
+            }
+            s.node = node;
         }
         for i in autoscaler.instances()? {
-            instances.entry(i.name).or_insert((now, i.gpus));
+            instances
+                .entry(i.name.clone())
+                .and_modify(|(_, known)| {
+                    // A NodeClaim gets its instance type (so its GPUs) and its node after it
+                    // is first seen: counted as 0 GPUs, (b) once came out at 0 GPU-hours.
+                    if known.gpus == 0 {
+                        known.gpus = i.gpus;
+                    }
+                    if known.node.is_none() {
+                        known.node.clone_from(&i.node);
+                    }
+                })
+                .or_insert((now, i));
         }
         let pods = cluster.get_json(&["pods", "-n", namespace, "-l", "gpuops.io/scenario=1"])?;
         for p in pods["items"].as_array().into_iter().flatten() {
@@ -200,7 +273,7 @@ pub fn run(
     let gpu_hours_bought = instances
         .values()
         .filter(|(seen, _)| *seen <= end)
-        .map(|(seen, gpus)| (end - *seen).as_secs_f64() * f64::from(*gpus) / 3600.0)
+        .map(|(seen, i)| (end - *seen).as_secs_f64() * f64::from(i.gpus) / 3600.0)
         .sum();
     let time_to_capacity: Vec<Option<Duration>> =
         names.iter().map(|n| running.get(n).copied()).collect();
@@ -209,35 +282,277 @@ pub fn run(
         .zip(&scenario.pods)
         .map(|(t, g)| t.unwrap_or(end).as_secs_f64() * f64::from(*g) / 3600.0)
         .sum();
+
+    // The stages, from the objects as they ended up (kubectl leaves managedFields out unless
+    // asked; they hold the only time a GPU or taint change has).
+    let last = cluster.get_json(&["nodes", "--show-managed-fields"])?;
+    for node in last["items"].as_array().into_iter().flatten() {
+        if let Some(s) = node["metadata"]["name"]
+            .as_str()
+            .and_then(|n| seen.get_mut(n))
+        {
+            s.node = node.clone();
+        }
+    }
+    let pods = cluster.get_json(&["pods", "-n", namespace, "-l", "gpuops.io/scenario=1"])?;
+    let events = cluster.get_json(&["events", "-n", namespace])?;
+    let events: Vec<Value> = events["items"].as_array().cloned().unwrap_or_default();
+    let instance_list: Vec<Instance> = instances.into_values().map(|(_, i)| i).collect();
+    let running_unix: BTreeMap<String, f64> = running
+        .iter()
+        .map(|(n, d)| (n.clone(), start_unix + d.as_secs_f64()))
+        .collect();
+    let pod_stages = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| pod_stages(p, &events, &instance_list, &seen, &running_unix))
+        .collect();
+    let instance_stages = instance_list
+        .iter()
+        .map(|i| instance_stages(i, &seen))
+        .collect();
     Ok(Outcome {
         scenario: scenario.name.clone(),
         autoscaler: autoscaler.name(),
         pods: names.len(),
         all_running: all_at.is_some(),
-        launched: instances.len(),
+        launched: instance_list.len(),
         min_instances: scenario.min_instances(),
         time_to_capacity,
         gpu_hours_bought,
         gpu_hours_requested_while_pending,
         first_node,
         first_gpus,
+        pod_stages,
+        instance_stages,
     })
 }
 
-/// Every Node, and whether it has GPUs in allocatable.
-fn node_names(cluster: &Cluster) -> Result<Vec<(String, bool)>, BedError> {
+/// A Node as the measuring loop last saw it, and what only the loop could see: when its GPUs
+/// and the loss of its startup taint were first observed.
+#[derive(Debug, Clone, Default)]
+pub struct NodeSeen {
+    pub node: Value,
+    pub tainted: bool,
+    pub gpus_polled: Option<f64>,
+    pub untainted_polled: Option<f64>,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn nodes_now(cluster: &Cluster) -> Result<Vec<Value>, BedError> {
     let nodes = cluster.get_json(&["nodes"])?;
-    Ok(nodes["items"]
+    Ok(nodes["items"].as_array().cloned().unwrap_or_default())
+}
+
+fn has_gpus(node: &Value) -> bool {
+    node["status"]["allocatable"][GPU]
+        .as_str()
+        .is_some_and(|g| g != "0")
+}
+
+fn has_taint(node: &Value, key: &str) -> bool {
+    node["spec"]["taints"]
         .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|n| {
-            let gpus = n["status"]["allocatable"][GPU]
+        .is_some_and(|ts| ts.iter().any(|t| t["key"].as_str() == Some(key)))
+}
+
+fn time_of(v: &Value) -> Option<f64> {
+    v.as_str().and_then(parse_rfc3339)
+}
+
+fn condition_time(object: &Value, kind: &str) -> Option<f64> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind && c["status"] == "True")
+        .and_then(|c| time_of(&c["lastTransitionTime"]))
+}
+
+/// The time of the last write by `manager` (a prefix) of `field` under `status.allocatable` or
+/// of `spec.taints`: the only timestamps an apiserver keeps for a field, in managedFields.
+fn managed_time(node: &Value, manager: &str, subresource: Option<&str>) -> Option<f64> {
+    node["metadata"]["managedFields"]
+        .as_array()?
+        .iter()
+        .filter(|e| {
+            e["manager"]
                 .as_str()
-                .is_some_and(|g| g != "0");
-            Some((n["metadata"]["name"].as_str()?.to_string(), gpus))
+                .is_some_and(|m| m.starts_with(manager))
+                && e["subresource"].as_str() == subresource
         })
-        .collect())
+        .filter(|e| match subresource {
+            Some(_) => !e["fieldsV1"]["f:status"]["f:allocatable"][format!("f:{GPU}")].is_null(),
+            None => !e["fieldsV1"]["f:spec"]["f:taints"].is_null(),
+        })
+        .filter_map(|e| time_of(&e["time"]))
+        .reduce(f64::max)
+}
+
+/// Node registered, GPUs in allocatable and startup taint gone of one node: registration from
+/// its creationTimestamp; the GPUs and the taint from the managedFields time of the test bed's
+/// kubectl patch that made them so (the device-lag loops write nothing else with kubectl) and
+/// the annotation the loops leave with the taint's removal, else when the measuring loop first
+/// saw them.
+fn node_stages(seen: &NodeSeen, at: &mut [Option<f64>; STAGES.len()]) {
+    let node = &seen.node;
+    at[REGISTERED] = time_of(&node["metadata"]["creationTimestamp"]);
+    if has_gpus(node) {
+        at[GPUS] = managed_time(node, "kubectl", Some("status")).or(seen.gpus_polled);
+    }
+    if seen.tainted && !has_taint(node, STARTUP_TAINT) {
+        at[UNTAINTED] = time_of(&node["metadata"]["annotations"][TAINT_REMOVED_AT])
+            .or_else(|| managed_time(node, "kubectl-patch", None))
+            .or(seen.untainted_polled);
+    }
+}
+
+/// The stages of one instance: created, its node registered, GPUs, startup taint gone.
+fn instance_stages(instance: &Instance, nodes: &BTreeMap<String, NodeSeen>) -> Stages {
+    let mut at = [None; STAGES.len()];
+    at[INSTANCE] = instance.created.as_deref().and_then(parse_rfc3339);
+    if let Some(seen) = instance.node.as_ref().and_then(|n| nodes.get(n)) {
+        node_stages(seen, &mut at);
+    }
+    Stages {
+        name: instance.name.clone(),
+        instance: Some(instance.name.clone()),
+        at,
+    }
+}
+
+/// Event reasons that say an autoscaler has decided what a pending pod gets: gpuops's
+/// (`TriggeredScaleUp`, `WaitingForNode` for a node already on its way) and Karpenter's
+/// (`Nominated`, to a NodeClaim).
+const DECIDED_REASONS: [&str; 3] = ["TriggeredScaleUp", "WaitingForNode", "Nominated"];
+
+/// The stages of one pod. Decided: its first deciding event (eventTime has microseconds;
+/// Karpenter's core events only firstTimestamp, seconds), else its instance's creation. Bound:
+/// the PodScheduled condition; running: the Ready condition, else when the loop saw Running.
+fn pod_stages(
+    pod: &Value,
+    events: &[Value],
+    instances: &[Instance],
+    nodes: &BTreeMap<String, NodeSeen>,
+    running_polled: &BTreeMap<String, f64>,
+) -> Stages {
+    let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+    let mut at = [None; STAGES.len()];
+    at[0] = time_of(&pod["metadata"]["creationTimestamp"]);
+    let node = pod["spec"]["nodeName"].as_str();
+    let instance = node.and_then(|n| instances.iter().find(|i| i.node.as_deref() == Some(n)));
+    if let Some(i) = instance {
+        let s = instance_stages(i, nodes);
+        at[INSTANCE..=UNTAINTED].copy_from_slice(&s.at[INSTANCE..=UNTAINTED]);
+    }
+    at[DECIDED] = events
+        .iter()
+        .filter(|e| {
+            e["involvedObject"]["kind"] == "Pod"
+                && e["involvedObject"]["name"].as_str() == Some(name.as_str())
+                && e["reason"]
+                    .as_str()
+                    .is_some_and(|r| DECIDED_REASONS.contains(&r))
+        })
+        .filter_map(|e| {
+            time_of(&e["eventTime"])
+                .or_else(|| time_of(&e["firstTimestamp"]))
+                .or_else(|| time_of(&e["metadata"]["creationTimestamp"]))
+        })
+        .reduce(f64::min)
+        .or(at[INSTANCE]);
+    at[BOUND] = condition_time(pod, "PodScheduled");
+    at[RUNNING] = condition_time(pod, "Ready").or_else(|| running_polled.get(&name).copied());
+    Stages {
+        name,
+        instance: instance.map(|i| i.name.clone()),
+        at,
+    }
+}
+
+fn p50_max(mut xs: Vec<f64>) -> Option<(f64, f64)> {
+    xs.sort_by(f64::total_cmp);
+    Some((*xs.get(xs.len() / 2)?, *xs.last()?))
+}
+
+/// Per stage and side, p50 / max of the seconds from the pod's creation to the stage, and of
+/// the seconds spent in it (from the latest earlier stage the pod went through). Timestamps
+/// are the objects' own, whole seconds, so each figure is good to about 1 s.
+pub fn stage_table(outcomes: &[&Outcome]) -> String {
+    let mut out = String::new();
+    out.push_str("| stage |");
+    for o in outcomes {
+        out.push_str(&format!(
+            " {}: since pod created p50 / max (s) | in stage p50 / max (s) |",
+            o.autoscaler
+        ));
+    }
+    out.push_str("\n|---|");
+    for _ in outcomes {
+        out.push_str("---|---|");
+    }
+    for (k, stage) in STAGES.iter().enumerate().skip(1) {
+        out.push_str(&format!("\n| {stage} |"));
+        for o in outcomes {
+            let (mut since, mut step) = (Vec::new(), Vec::new());
+            for s in &o.pod_stages {
+                let (Some(created), Some(t)) = (s.at[0], s.at[k]) else {
+                    continue;
+                };
+                since.push(t - created);
+                if let Some(prev) = s.at[..k].iter().rev().flatten().next() {
+                    step.push(t - prev);
+                }
+            }
+            let cell = |xs: Vec<f64>| {
+                p50_max(xs).map_or("-".to_string(), |(p, m)| format!("{p:.1} / {m:.1}"))
+            };
+            out.push_str(&format!(" {} | {} |", cell(since), cell(step)));
+        }
+    }
+    out
+}
+
+/// Every instance's stages, seconds after the first pod was created.
+pub fn instance_lines(outcome: &Outcome) -> Vec<String> {
+    let zero = outcome
+        .pod_stages
+        .iter()
+        .filter_map(|s| s.at[0])
+        .reduce(f64::min)
+        .unwrap_or(0.0);
+    let fmt = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{:.1}", t - zero));
+    outcome
+        .instance_stages
+        .iter()
+        .map(|s| {
+            format!(
+                "{} / {}: instance {}: created {}, node {}, GPUs {}, taint gone {}",
+                outcome.scenario,
+                outcome.autoscaler,
+                s.name,
+                fmt(s.at[INSTANCE]),
+                fmt(s.at[REGISTERED]),
+                fmt(s.at[GPUS]),
+                fmt(s.at[UNTAINTED]),
+            )
+        })
+        .chain(outcome.pod_stages.iter().map(|s| {
+            format!(
+                "{} / {}: pod {} on {}: {}",
+                outcome.scenario,
+                outcome.autoscaler,
+                s.name,
+                s.instance.as_deref().unwrap_or("-"),
+                s.at.iter().map(|t| fmt(*t)).collect::<Vec<_>>().join(" ")
+            )
+        }))
+        .collect()
 }
 
 #[cfg(test)]
@@ -264,5 +579,171 @@ mod tests {
             3,
             "no two 5-GPU pods share an 8-GPU node"
         );
+    }
+
+    #[test]
+    fn rfc3339_times_parse_with_and_without_a_fraction() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0.0));
+        assert_eq!(parse_rfc3339("2026-12-01T13:45:00Z"), Some(1_796_132_700.0));
+        assert_eq!(parse_rfc3339("2000-03-01T00:00:01Z"), Some(951_868_801.0));
+        let micro = parse_rfc3339("2026-12-01T13:45:00.250000Z").unwrap();
+        assert!((micro - 1_796_132_700.25).abs() < 1e-6);
+        for bad in [
+            "",
+            "2026-12-01T13:45:00",
+            "2026-12-01 13:45:00Z",
+            "2026-13-01T13:45:00Z",
+            "2026-12-01T24:00:00Z",
+            "2026-12-01T13:45:00.Z",
+            "2026-12-01T13:45:00+01:00",
+            "x026-12-01T13:45:00Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad:?}");
+        }
+    }
+
+    fn t(secs: u64) -> String {
+        format!("2026-12-01T00:00:{secs:02}Z")
+    }
+
+    #[test]
+    fn a_pods_stages_come_from_its_objects_own_timestamps() {
+        let pod = json!({"metadata": {"name": "gpu-pod-0", "creationTimestamp": t(0)},
+            "spec": {"nodeName": "n1"},
+            "status": {"conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": t(20)},
+                {"type": "Ready", "status": "True", "lastTransitionTime": t(21)}]}});
+        let events = vec![
+            json!({"involvedObject": {"kind": "Pod", "name": "gpu-pod-0"}, "reason": "FailedScheduling",
+                "firstTimestamp": t(0)}),
+            json!({"involvedObject": {"kind": "Pod", "name": "gpu-pod-0"}, "reason": "TriggeredScaleUp",
+                "eventTime": "2026-12-01T00:00:02.500000Z", "firstTimestamp": null}),
+            json!({"involvedObject": {"kind": "Pod", "name": "gpu-pod-1"}, "reason": "TriggeredScaleUp",
+                "eventTime": "2026-12-01T00:00:01.000000Z"}),
+        ];
+        let instances = vec![Instance {
+            name: "m1".into(),
+            gpus: 8,
+            created: Some(t(3)),
+            node: Some("n1".into()),
+        }];
+        let node = json!({"metadata": {"name": "n1", "creationTimestamp": t(9),
+            "managedFields": [
+                {"manager": "kubectl-create", "operation": "Update", "time": t(9),
+                    "fieldsV1": {"f:spec": {"f:taints": {}}}},
+                {"manager": "kwok", "operation": "Update", "subresource": "status", "time": t(30),
+                    "fieldsV1": {"f:status": {"f:allocatable": {"f:nvidia.com/gpu": {}}}}},
+                {"manager": "kubectl-patch", "operation": "Update", "subresource": "status", "time": t(15),
+                    "fieldsV1": {"f:status": {"f:allocatable": {"f:nvidia.com/gpu": {}}}}},
+                {"manager": "kubectl-patch", "operation": "Update", "time": t(16),
+                    "fieldsV1": {"f:spec": {"f:taints": {}}}}]},
+            "spec": {"taints": []},
+            "status": {"allocatable": {GPU: "8"}}});
+        let nodes = BTreeMap::from([(
+            "n1".to_string(),
+            NodeSeen {
+                node,
+                tainted: true,
+                gpus_polled: Some(1e12),
+                untainted_polled: Some(1e12),
+            },
+        )]);
+        let s = pod_stages(&pod, &events, &instances, &nodes, &BTreeMap::new());
+        let zero = parse_rfc3339(&t(0)).unwrap();
+        let rel: Vec<Option<f64>> = s.at.iter().map(|x| x.map(|x| x - zero)).collect();
+        assert_eq!(
+            rel,
+            vec![
+                Some(0.0),
+                Some(2.5),
+                Some(3.0),
+                Some(9.0),
+                Some(15.0),
+                Some(16.0),
+                Some(20.0),
+                Some(21.0)
+            ]
+        );
+        assert_eq!(s.instance.as_deref(), Some("m1"));
+
+        // No deciding event: the instance's creation stands in; no taint ever: no such stage;
+        // no managedFields: what the loop saw.
+        let mut plain = nodes.clone();
+        let n = plain.get_mut("n1").unwrap();
+        n.tainted = false;
+        n.node["metadata"]["managedFields"] = json!([]);
+        n.gpus_polled = Some(zero + 14.0);
+        let s = pod_stages(&pod, &[], &instances, &plain, &BTreeMap::new());
+        assert_eq!(s.at[DECIDED], Some(zero + 3.0));
+        assert_eq!(s.at[GPUS], Some(zero + 14.0));
+        assert_eq!(s.at[UNTAINTED], None);
+        // The test bed's own note of the taint's removal wins over managedFields.
+        let mut noted = nodes.clone();
+        let n = noted.get_mut("n1").unwrap();
+        n.node["metadata"]["annotations"] =
+            json!({TAINT_REMOVED_AT: "2026-12-01T00:00:15.750000Z"});
+        let s = pod_stages(&pod, &events, &instances, &noted, &BTreeMap::new());
+        assert_eq!(s.at[UNTAINTED], Some(zero + 15.75));
+
+        // A pod never bound has only its creation (and what the loop saw running: nothing).
+        let pending = json!({"metadata": {"name": "gpu-pod-9", "creationTimestamp": t(0)},
+            "spec": {}, "status": {"conditions": [
+                {"type": "PodScheduled", "status": "False", "lastTransitionTime": t(0)}]}});
+        let s = pod_stages(&pending, &events, &instances, &nodes, &BTreeMap::new());
+        assert_eq!(s.at.iter().flatten().count(), 1);
+        assert_eq!(s.instance, None);
+    }
+
+    #[test]
+    fn the_stage_table_has_p50_and_max_per_stage_and_side() {
+        let at = |xs: [Option<f64>; 8]| Stages {
+            name: "p".into(),
+            instance: None,
+            at: xs,
+        };
+        let outcome = Outcome {
+            scenario: "s".into(),
+            autoscaler: "side".into(),
+            pods: 2,
+            all_running: true,
+            launched: 1,
+            min_instances: 1,
+            time_to_capacity: vec![],
+            gpu_hours_bought: 0.0,
+            gpu_hours_requested_while_pending: 0.0,
+            first_node: None,
+            first_gpus: None,
+            pod_stages: vec![
+                at([
+                    Some(0.0),
+                    Some(1.0),
+                    Some(2.0),
+                    Some(7.0),
+                    Some(17.0),
+                    None,
+                    Some(18.0),
+                    Some(19.0),
+                ]),
+                at([
+                    Some(0.0),
+                    Some(3.0),
+                    Some(4.0),
+                    Some(9.0),
+                    Some(19.0),
+                    None,
+                    Some(30.0),
+                    Some(30.0),
+                ]),
+            ],
+            instance_stages: vec![],
+        };
+        let table = stage_table(&[&outcome]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 2 + STAGES.len() - 1, "{table}");
+        assert!(lines[0].contains("side: since pod created"), "{table}");
+        assert_eq!(lines[2], "| autoscaler decided | 3.0 / 3.0 | 3.0 / 3.0 |");
+        assert_eq!(lines[6], "| startup taint gone | - | - |");
+        // Bound: from the GPUs (the taint stage is skipped): 1 and 11.
+        assert_eq!(lines[7], "| pod bound | 30.0 / 30.0 | 11.0 / 11.0 |");
     }
 }
