@@ -472,9 +472,11 @@ fn a_failed_change_goes_back_and_is_not_retried_on_that_node_within_the_backoff(
         )
     });
     // The state label comes before the kubelet's next look at the device plugin.
-    wait_until("14x 1g.10gb advertised again", Duration::from_secs(30), || {
-        allocatable(&cluster, "nvidia.com/mig-1g.10gb") == 14
-    })
+    wait_until(
+        "14x 1g.10gb advertised again",
+        Duration::from_secs(30),
+        || allocatable(&cluster, "nvidia.com/mig-1g.10gb") == 14,
+    )
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
     // Well past the minimum interval and the batch window, the pod still pending: the node
     // was not chosen again.
