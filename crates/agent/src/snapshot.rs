@@ -394,14 +394,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let state = NodeState {
-            inventory: Arc::new(Inventory::default()),
-            health: gpuops_resources::health::HealthTracker::default(),
-            xids: gpuops_metrics::XidCounters::default(),
-            collection: None,
-            nvml_errors: 0,
-            nvml_loaded: false,
-        };
+        let state = no_gpus();
         let (state_tx, mut state_rx) = watch::channel(Arc::new(state));
         let (_busy_tx, busy_rx) = watch::channel(false);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -451,20 +444,25 @@ mod tests {
         let _ = task.await;
     }
 
-    /// On a node without GPUs (FAIL_ON_INIT_ERROR=false) the loop still goes round every
-    /// interval, though the retries to load NVML back off to minutes: liveness must not fail.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn without_nvml_the_loop_still_beats_every_interval() {
-        let (reports_tx, reports_rx) = mpsc::channel(4);
-        let live = Arc::new(AtomicU64::new(0));
-        let state = NodeState {
+    /// The state of an agent that has not read any GPU.
+    fn no_gpus() -> NodeState {
+        NodeState {
             inventory: Arc::new(Inventory::default()),
             health: gpuops_resources::health::HealthTracker::default(),
             xids: gpuops_metrics::XidCounters::default(),
             collection: None,
             nvml_errors: 0,
             nvml_loaded: false,
-        };
+        }
+    }
+
+    /// On a node without GPUs (FAIL_ON_INIT_ERROR=false) the loop still goes round every
+    /// interval, though the retries to load NVML back off to minutes: liveness must not fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_nvml_the_loop_still_beats_every_interval() {
+        let (reports_tx, reports_rx) = mpsc::channel(4);
+        let live = Arc::new(AtomicU64::new(0));
+        let state = no_gpus();
         let (state_tx, _state_rx) = watch::channel(Arc::new(state));
         let (_busy_tx, busy_rx) = watch::channel(false);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -608,7 +608,7 @@ fn now_rfc3339_micro() -> String {
     rfc3339_micro(std::time::SystemTime::now())
 }
 
-fn rfc3339_micro(at: std::time::SystemTime) -> String {
+pub(crate) fn rfc3339_micro(at: std::time::SystemTime) -> String {
     let now = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let secs = now.as_secs();
     let days = i64::try_from(secs / 86_400).unwrap_or(0);
