@@ -256,9 +256,13 @@ pub async fn run(
     // After a failed pass nothing runs before this, whatever wakes the loop: with the apiserver
     // gone every watcher's retry is a wake-up, and passes on each would hammer it when it returns.
     let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut batch_open = false;
     loop {
         let wait = match retry_at {
             Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
+            // An open batch window is looked at again within a second of closing, not a
+            // resync later (10 s by default, which a burst followed by silence used to wait).
+            None if batch_open => cfg.resync.min(BATCH_RECHECK),
             None => cfg.resync,
         };
         tokio::select! {
@@ -279,8 +283,9 @@ pub async fn run(
         }
         retry_at = None;
         match pass(&ctx, &mut state, &mut clock, &mut seen, previous.as_ref()).await {
-            Ok(s) => {
+            Ok((s, open)) => {
                 previous = Some(s);
+                batch_open = open;
                 backoff = Duration::ZERO;
             }
             Err(e) => {
@@ -331,13 +336,16 @@ fn latest_creation(created: u64, first_seen: u64) -> u64 {
     created.max(first_seen.min(created.saturating_add(999)))
 }
 
+/// How soon a pass looks again while pods wait for the scale-up batch window.
+const BATCH_RECHECK: Duration = Duration::from_secs(1);
+
 async fn pass(
     ctx: &Ctx,
     state: &mut State,
     clock: &mut crate::clock::Clock,
     seen: &mut HashMap<String, u64>,
     previous: Option<&Status>,
-) -> Result<Status, ControllerError> {
+) -> Result<(Status, bool), ControllerError> {
     let (now, jumped) = clock.read();
     if let Some(delta_ms) = jumped {
         state.shift(delta_ms);
@@ -470,9 +478,14 @@ async fn pass(
         status::add_mig(&mut st, mp);
     }
     write_status(ctx, &st).await?;
+    // Pods waiting for the scale-up batch window: it closes with no watch event to wake us.
+    let batch_open = d
+        .plans
+        .iter()
+        .any(|p| matches!(p.plan, gpuops_autoscale::Plan::Waiting { .. }));
     match first_error {
         Some(e) => Err(e),
-        None => Ok(st),
+        None => Ok((st, batch_open)),
     }
 }
 

@@ -121,7 +121,11 @@ fn gpuops_side(scenario: &Scenario, boot: Duration, devices: Duration) -> Result
         .args([
             "--namespace=default",
             "--no-leader-election",
-            "--resync=2s",
+            // BENCH_RESYNC: the controller's resync (the product's default is 10s).
+            &format!(
+                "--resync={}",
+                std::env::var("BENCH_RESYNC").unwrap_or_else(|_| "2s".into())
+            ),
             "--metrics-address=127.0.0.1:0",
         ])
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
