@@ -680,17 +680,22 @@ fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at
         &cluster,
         windows(Duration::from_secs(600), Duration::from_secs(600)),
     );
-    // Now the node may boot.
-    let infra = cluster
-        .kubectl(&[
-            "get",
-            "gpuopstestmachines.infrastructure.cluster.x-k8s.io",
-            "-n",
-            "default",
-            "-o",
-            "name",
-        ])
-        .unwrap();
+    // Now the node may boot (Cluster API makes the infra machine a moment after the scale).
+    let mut infra = String::new();
+    wait_until("the pool's infra machine", Duration::from_secs(60), || {
+        infra = cluster
+            .kubectl(&[
+                "get",
+                "gpuopstestmachines.infrastructure.cluster.x-k8s.io",
+                "-n",
+                "default",
+                "-o",
+                "name",
+            ])
+            .unwrap_or_default();
+        infra.lines().count() >= 1
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", status(&cluster)));
     assert_eq!(infra.lines().count(), 1, "{infra}");
     for m in infra.lines() {
         cluster
