@@ -415,13 +415,14 @@ impl Flow {
         let fresh = self
             .state
             .wait_for(|s| s.collection.is_some_and(|c| c >= after));
-        match tokio::time::timeout(FRESH_SNAPSHOT_WAIT, fresh).await {
-            Ok(Ok(_)) => {}
-            // The agent loop is gone: the agent is stopping.
-            Ok(Err(_)) => {}
-            Err(_) => tracing::warn!(
+        // Ok(Err): the agent loop is gone, the agent is stopping; nothing to wait for.
+        if tokio::time::timeout(FRESH_SNAPSHOT_WAIT, fresh)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
                 "no GPU snapshot within {FRESH_SNAPSHOT_WAIT:?} after the MIG change; advertising from the last one"
-            ),
+            );
         }
     }
 
