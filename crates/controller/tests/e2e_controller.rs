@@ -61,7 +61,7 @@ fn scale_from_zero_buys_exactly_one_node_of_the_cheapest_pool_and_a_bad_pool_doe
     let outcome = scenario::run(
         &cluster,
         &capi,
-        &Scenario::scale_from_zero(8),
+        &Scenario::scale_from_zero(),
         "default",
         Duration::from_secs(180),
         // Long enough for a second (wrong) scale-up during the device-plugin delay to show.
@@ -136,7 +136,7 @@ fn a_burst_buys_the_fewest_nodes_that_fit() {
     p.max = 20;
     capi.add_pool(&p).unwrap();
     let _controller = Controller::start(&cluster, "solo", false);
-    let s = Scenario::burst(8);
+    let s = Scenario::burst();
     let outcome = scenario::run(
         &cluster,
         &capi,
@@ -150,7 +150,8 @@ fn a_burst_buys_the_fewest_nodes_that_fit() {
     assert!(outcome.all_running, "{outcome:?}");
     // The fewest that fit, by brute force here (independent of both the decision and the
     // scenario's own first-fit figure).
-    let fewest = brute_min(&s.pods, 8);
+    let sizes: Vec<u32> = s.pods.iter().map(|a| a.count).collect();
+    let fewest = scenario::fewest_bins(&sizes, 8);
     assert_eq!(fewest, s.min_instances());
     assert_eq!(outcome.launched, fewest, "{outcome:?}");
 }
@@ -211,7 +212,7 @@ fn leader_failover_and_a_killed_controller_do_not_double_scale() {
         let o = scenario::run(
             &cluster,
             &capi,
-            &Scenario::scale_from_zero(8),
+            &Scenario::scale_from_zero(),
             "default",
             Duration::from_secs(180),
             Duration::from_secs(15),
@@ -318,7 +319,7 @@ fn the_charts_controller_role_is_enough_for_its_own_token() {
     let outcome = scenario::run(
         &cluster,
         &capi,
-        &Scenario::scale_from_zero(8),
+        &Scenario::scale_from_zero(),
         "default",
         Duration::from_secs(180),
         Duration::from_secs(5),
@@ -339,162 +340,85 @@ fn the_charts_controller_role_is_enough_for_its_own_token() {
     .unwrap();
 }
 
-/// Pods named `{prefix}-{i}` asking `resource: n` for each `n` of `asks`, as one List.
-fn pods_asking(prefix: &str, resource: &str, asks: &[u32]) -> String {
-    let items: Vec<serde_json::Value> = asks
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("{prefix}-{i}"), "namespace": "default",
-                    "labels": {"gpuops.io/e2e": prefix}},
-                "spec": {"containers": [{"name": "cuda", "image": "example.invalid/cuda:12",
-                    "resources": {"requests": {"cpu": "1"}, "limits": {resource: n.to_string()}}}]}})
-        })
-        .collect();
-    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
-}
-
 #[test]
 #[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
-fn mig_and_shared_pools_scale_from_zero_to_the_fewest_nodes_that_fit() {
-    let (cluster, capi) = bed();
-    // An H100 pool whose nodes come up with NVIDIA's all-1g.10gb: the controller learns
-    // "56 x nvidia.com/mig-1g.10gb per node" from the annotations alone (7 per GPU, from the
-    // catalog); the infra provider advertises them only after the device delay.
-    let mut mig = NodeShape::gpu("NVIDIA-H100-80GB-HBM3", "nvidia.com/mig-1g.10gb", 56);
-    mig.boot_delay = Duration::from_secs(2);
-    mig.devices_delay = Duration::from_secs(6);
-    mig.labels
-        .insert("nvidia.com/mig.config".into(), "all-1g.10gb".into());
-    let mut mig_pool = PoolSpec::new("h100-mig", mig);
-    mig_pool.max = 5;
-    for (k, v) in [
-        (
-            "capacity.cluster-autoscaler.kubernetes.io/gpu-type",
-            "nvidia.com/gpu",
-        ),
-        ("capacity.cluster-autoscaler.kubernetes.io/gpu-count", "8"),
-        ("gpuops.io/gpu-product", "NVIDIA-H100-80GB-HBM3"),
-        ("gpuops.io/mig-config", "all-1g.10gb"),
-        ("gpuops.io/price-per-hour", "98.32"),
-    ] {
-        mig_pool.annotations.insert(k.into(), v.into());
+fn a_mixed_burst_of_whole_mig_and_shared_pods_buys_the_fewest_nodes_that_fit() {
+    // Issue 16's mixed burst: 20 pods asking whole GPUs, nvidia.com/mig-1g.10gb and
+    // nvidia.com/gpu.shared at once, over pools of 8x/4x/1x whole H100s, 8x H100 under
+    // all-1g.10gb and 4x L4 time-sliced 4 ways. The controller learns "56 x mig-1g.10gb" and
+    // "16 x gpu.shared" per node from the annotations alone (7 per GPU from the catalog; the
+    // replicas); the infra provider advertises them only after the device delay. A scheduler
+    // that bin-packs every device (see a_burst_buys_the_fewest_nodes_that_fit).
+    let s = Scenario::mixed();
+    let mut resources: Vec<&str> = s.offers.iter().map(|o| o.resource.as_str()).collect();
+    resources.dedup();
+    let mut profile =
+        GPU_BIN_PACKING.replace("        - name: nvidia.com/gpu\n          weight: 1\n", "");
+    for r in &resources {
+        profile.push_str(&format!("        - name: {r}\n          weight: 1\n"));
     }
-    // A pool of 4 time-sliced GPUs with 4 replicas each: 16 x nvidia.com/gpu.shared per node.
-    let mut shared = NodeShape::gpu("NVIDIA-L4", "nvidia.com/gpu.shared", 16);
-    shared.boot_delay = Duration::from_secs(2);
-    shared.devices_delay = Duration::from_secs(6);
-    shared
-        .labels
-        .insert("nvidia.com/gpu.count".into(), "4".into());
-    shared
-        .labels
-        .insert("nvidia.com/gpu.replicas".into(), "4".into());
-    let mut shared_pool = PoolSpec::new("l4-shared", shared);
-    shared_pool.max = 5;
-    for (k, v) in [
-        (
-            "capacity.cluster-autoscaler.kubernetes.io/gpu-type",
-            "nvidia.com/gpu",
-        ),
-        ("capacity.cluster-autoscaler.kubernetes.io/gpu-count", "4"),
-        ("gpuops.io/gpu-product", "NVIDIA-L4"),
-        ("gpuops.io/gpu-replicas", "4"),
-        ("gpuops.io/price-per-hour", "3.2"),
-    ] {
-        shared_pool.annotations.insert(k.into(), v.into());
+    let cluster = Cluster::start(ClusterOptions {
+        kwok: true,
+        controller_manager: true,
+        scheduler_config: Some(profile),
+        ..ClusterOptions::default()
+    })
+    .unwrap();
+    let capi = cluster.start_cluster_api(CapiOptions::default()).unwrap();
+    for offer in &s.offers {
+        let mut p = PoolSpec::from_offer(offer, Duration::from_secs(2), Duration::from_secs(6));
+        p.max = 5;
+        capi.add_pool(&p).unwrap();
     }
-    capi.add_pool(&mig_pool).unwrap();
-    capi.add_pool(&shared_pool).unwrap();
     let _controller = Controller::start(&cluster, "solo", false);
-
-    let mig_asks = [6u32; 10];
-    let shared_asks = [4u32, 4, 4, 3, 3, 2, 2];
-    // The minimum, computed here by brute force from the per-node capacity.
-    let (mig_min, shared_min) = (brute_min(&mig_asks, 56), brute_min(&shared_asks, 16));
-    assert_eq!((mig_min, shared_min), (2, 2));
-    cluster
-        .apply(&pods_asking("mig", "nvidia.com/mig-1g.10gb", &mig_asks))
-        .and_then(|_| {
-            cluster.apply(&pods_asking(
-                "shared",
-                "nvidia.com/gpu.shared",
-                &shared_asks,
-            ))
-        })
-        .unwrap();
-    let running = || {
-        cluster
-            .get_json(&["pods", "-n", "default", "-l", "gpuops.io/e2e"])
-            .map(|v| {
-                v["items"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|p| p["status"]["phase"] == "Running")
-                    .count()
-            })
-            .unwrap_or(0)
-    };
-    let total = mig_asks.len() + shared_asks.len();
-    gpuops_testbed::wait_until(
-        "every MIG and shared pod Running",
+    let outcome = scenario::run(
+        &cluster,
+        &capi,
+        &s,
+        "default",
         Duration::from_secs(240),
-        || running() == total,
+        // Long enough for a second (wrong) scale-up after the devices appeared to show.
+        Duration::from_secs(12),
     )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\n{}",
-            cluster
-                .kubectl(&[
-                    "get",
-                    "machines.cluster.x-k8s.io,nodes,pods",
-                    "-A",
-                    "-o",
-                    "wide"
-                ])
-                .unwrap_or_default()
-        )
-    });
-    // Long enough for a second (wrong) scale-up after the devices appeared to show.
-    let settle = std::time::Instant::now() + Duration::from_secs(12);
-    while std::time::Instant::now() < settle {
-        assert!(machines_of(&capi, "h100-mig") <= mig_min);
-        assert!(machines_of(&capi, "l4-shared") <= shared_min);
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    assert_eq!(machines_of(&capi, "h100-mig"), mig_min);
-    assert_eq!(machines_of(&capi, "l4-shared"), shared_min);
+    .unwrap();
+    eprintln!("{}\n{}", scenario::Outcome::header(), outcome.row());
+    assert!(
+        outcome.all_running,
+        "{outcome:?}\n{}",
+        cluster
+            .kubectl(&[
+                "get",
+                "machines.cluster.x-k8s.io,nodes,pods",
+                "-A",
+                "-o",
+                "wide"
+            ])
+            .unwrap_or_default()
+    );
+    // The fewest per kind, by brute force here from the per-node capacity (each offer
+    // advertises one resource): 2 whole, 2 MIG, 2 shared.
+    let fewest = |resource: &str, cap: u32| {
+        let sizes: Vec<u32> = s
+            .pods
+            .iter()
+            .filter(|a| a.resource == resource)
+            .map(|a| a.count)
+            .collect();
+        scenario::fewest_bins(&sizes, cap)
+    };
+    let (whole, mig, shared) = (
+        fewest("nvidia.com/gpu", 8),
+        fewest("nvidia.com/mig-1g.10gb", 56),
+        fewest("nvidia.com/gpu.shared", 16),
+    );
+    assert_eq!((whole, mig, shared), (2, 2, 2));
+    assert_eq!(s.min_instances(), whole + mig + shared);
+    assert_eq!(outcome.launched, whole + mig + shared, "{outcome:?}");
+    assert_eq!(machines_of(&capi, "gpu-h100-mig-1g"), mig);
+    assert_eq!(machines_of(&capi, "gpu-l4-shared"), shared);
+    assert_eq!(machines_of(&capi, "gpu-h100-8x"), whole);
     // What the status says each node offers comes from the annotations.
     let status = common::status_json(&cluster).unwrap();
     assert!(status.contains("56x nvidia.com/mig-1g.10gb"), "{status}");
     assert!(status.contains("16x nvidia.com/gpu.shared"), "{status}");
-}
-
-fn brute_min(pods: &[u32], cap: u32) -> usize {
-    fn go(i: usize, pods: &[u32], bins: &mut Vec<u32>, cap: u32, best: &mut usize) {
-        if bins.len() >= *best {
-            return;
-        }
-        if i == pods.len() {
-            *best = bins.len();
-            return;
-        }
-        for b in 0..bins.len() {
-            if bins[b] + pods[i] <= cap {
-                bins[b] += pods[i];
-                go(i + 1, pods, bins, cap, best);
-                bins[b] -= pods[i];
-            }
-        }
-        bins.push(pods[i]);
-        go(i + 1, pods, bins, cap, best);
-        bins.pop();
-    }
-    let mut sorted = pods.to_vec();
-    sorted.sort_unstable_by(|a, b| b.cmp(a));
-    let mut best = usize::MAX;
-    go(0, &sorted, &mut Vec::new(), cap, &mut best);
-    best
 }

@@ -4,13 +4,15 @@
 //! without GPUs, GPUs after the device-plugin delay. Prints a Markdown table.
 //!
 //! Run through scripts/bench-autoscale (it builds what is needed). Knobs (environment):
-//! BENCH_BOOT_S (5), BENCH_DEVICES_S (10), BENCH_SCENARIOS (`a,b`),
+//! BENCH_BOOT_S (5), BENCH_DEVICES_S (10), BENCH_SCENARIOS (`a,b,c`),
 //! BENCH_SIDES (`karpenter,karpenter-taint,gpuops`), BENCH_BIN_PACKING (`1`: a GPU bin-packing
 //! scheduler profile for both sides).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark driver
 
 use gpuops_testbed::scenario::{self, Outcome, Scenario};
-use gpuops_testbed::{CapiOptions, Cluster, ClusterOptions, KarpenterOptions, NodeShape, PoolSpec};
+use gpuops_testbed::{
+    CapiOptions, Cluster, ClusterOptions, InstanceType, KarpenterOptions, PoolSpec,
+};
 use std::time::Duration;
 
 fn env_secs(name: &str, default: u64) -> Duration {
@@ -31,11 +33,19 @@ fn env_list(name: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
-/// With BENCH_BIN_PACKING=1 both sides' kube-scheduler scores nodes by how full their GPUs are
-/// (NodeResourcesFit MostAllocated), as GPU clusters often run it; the default spreads.
-fn scheduler_config() -> Option<String> {
+/// With BENCH_BIN_PACKING=1 both sides' kube-scheduler scores nodes by how full their GPU
+/// devices are (NodeResourcesFit MostAllocated over every device the scenario offers), as GPU
+/// clusters often run it; the default spreads.
+fn scheduler_config(scenario: &Scenario) -> Option<String> {
     (std::env::var("BENCH_BIN_PACKING").as_deref() == Ok("1")).then(|| {
-        "profiles:\n- schedulerName: default-scheduler\n  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n        type: MostAllocated\n        resources:\n        - name: nvidia.com/gpu\n          weight: 1\n".to_string()
+        let mut resources: Vec<&str> = scenario.offers.iter().map(|o| o.resource.as_str()).collect();
+        resources.sort_unstable();
+        resources.dedup();
+        let mut config = "profiles:\n- schedulerName: default-scheduler\n  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n        type: MostAllocated\n        resources:\n".to_string();
+        for r in resources {
+            config.push_str(&format!("        - name: {r}\n          weight: 1\n"));
+        }
+        config
     })
 }
 
@@ -52,12 +62,13 @@ fn karpenter_side(
         kwok: true,
         controller_manager: true,
         apiserver_args: KarpenterOptions::apiserver_args(),
-        scheduler_config: scheduler_config(),
+        scheduler_config: scheduler_config(scenario),
         ..ClusterOptions::default()
     })
     .map_err(|e| e.to_string())?;
     let karpenter = cluster
         .start_karpenter(KarpenterOptions {
+            instance_types: scenario.offers.iter().map(InstanceType::from).collect(),
             startup_taint,
             registration_delay: boot,
             devices_delay: devices,
@@ -79,37 +90,22 @@ fn karpenter_side(
 }
 
 /// gpuops's controller (the `gpuops` binary as a process, as a Deployment would run it) on
-/// Cluster API with the real core controllers, pools priced like Karpenter's instance types.
+/// Cluster API with the real core controllers, one pool per offer (Karpenter's instance types).
 /// The binary is `$GPUOPS_BIN` (scripts/bench-autoscale builds it).
 fn gpuops_side(scenario: &Scenario, boot: Duration, devices: Duration) -> Result<Outcome, String> {
     let cluster = Cluster::start(ClusterOptions {
         kwok: true,
         controller_manager: true,
-        scheduler_config: scheduler_config(),
+        scheduler_config: scheduler_config(scenario),
         ..ClusterOptions::default()
     })
     .map_err(|e| e.to_string())?;
     let capi = cluster
         .start_cluster_api(CapiOptions::default())
         .map_err(|e| e.to_string())?;
-    for t in KarpenterOptions::default().instance_types {
-        let (resource, count) = t
-            .devices
-            .iter()
-            .next()
-            .ok_or("an instance type without GPUs")?;
-        let count: u32 = count.parse().map_err(|e| format!("{}: {e}", t.name))?;
-        let mut shape = NodeShape::gpu("NVIDIA-H100-80GB-HBM3", resource, count);
-        shape.boot_delay = boot;
-        shape.devices_delay = devices;
-        let mut pool = PoolSpec::new(&t.name, shape);
+    for offer in &scenario.offers {
+        let mut pool = PoolSpec::from_offer(offer, boot, devices);
         pool.max = 30;
-        pool.annotations
-            .insert("gpuops.io/price-per-hour".into(), t.price.to_string());
-        pool.annotations.insert(
-            "gpuops.io/gpu-product".into(),
-            "NVIDIA-H100-80GB-HBM3".into(),
-        );
         capi.add_pool(&pool).map_err(|e| e.to_string())?;
     }
     let bin = std::env::var("GPUOPS_BIN").unwrap_or_else(|_| "target/debug/gpuops".into());
@@ -135,7 +131,7 @@ fn gpuops_side(scenario: &Scenario, boot: Duration, devices: Duration) -> Result
     // As Karpenter's side waits for its NodePool to be Ready: the pools' MachineSets exist and
     // the controller has synced its caches and run a pass (it writes its status then). Without
     // this a first run counted Cluster API creating the MachineSet into the time to capacity.
-    let pools = KarpenterOptions::default().instance_types.len();
+    let pools = scenario.offers.len();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
         let sets = cluster
@@ -165,12 +161,13 @@ fn gpuops_side(scenario: &Scenario, boot: Duration, devices: Duration) -> Result
 fn main() {
     let boot = env_secs("BENCH_BOOT_S", 5);
     let devices = env_secs("BENCH_DEVICES_S", 10);
-    let scenarios: Vec<Scenario> = env_list("BENCH_SCENARIOS", "a,b")
+    let scenarios: Vec<Scenario> = env_list("BENCH_SCENARIOS", "a,b,c")
         .iter()
         .map(|s| match s.as_str() {
-            "a" => Scenario::scale_from_zero(8),
-            "b" => Scenario::burst(8),
-            other => panic!("BENCH_SCENARIOS: unknown scenario {other:?} (a, b)"),
+            "a" => Scenario::scale_from_zero(),
+            "b" => Scenario::burst(),
+            "c" => Scenario::mixed(),
+            other => panic!("BENCH_SCENARIOS: unknown scenario {other:?} (a, b, c)"),
         })
         .collect();
     let sides = env_list("BENCH_SIDES", "karpenter,karpenter-taint,gpuops");
@@ -200,7 +197,9 @@ fn main() {
     }
     println!(
         "Node boot {}s, GPUs {}s after the node registers; Karpenter batch 1s idle / 10s max; \
-         instance types 8x/4x/1x nvidia.com/gpu at the same price per GPU.\n",
+         whole-GPU instance types 8x/4x/1x H100 at the same price per GPU ((c) adds 8x H100 \
+         all-1g.10gb = 56 nvidia.com/mig-1g.10gb, and 4x L4 x 4 replicas = 16 \
+         nvidia.com/gpu.shared).\n",
         boot.as_secs(),
         devices.as_secs()
     );

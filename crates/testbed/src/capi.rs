@@ -19,7 +19,7 @@
 use crate::infra::{NodeShape, PROVIDER_CRDS, Provider};
 use crate::kubectl::{Kubectl, Loop};
 use crate::process::Managed;
-use crate::scenario::{Autoscaler, GPU, Instance};
+use crate::scenario::{Autoscaler, GPU, Instance, Offer};
 use crate::{BedError, Cluster, free_port, wait_until};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -78,6 +78,43 @@ impl PoolSpec {
             node,
             annotations: BTreeMap::new(),
         }
+    }
+
+    /// The offer as a pool: nodes that boot in `boot` and advertise its devices `devices` after
+    /// registering, and the annotations a user would write for it (Cluster Autoscaler's
+    /// capacity counts physical GPUs; gpuops's say the price, product, MIG config or replicas
+    /// from which the controller works out what a node advertises).
+    pub fn from_offer(offer: &Offer, boot: Duration, devices: Duration) -> PoolSpec {
+        let mut node = NodeShape::gpu(&offer.product, &offer.resource, offer.devices);
+        node.boot_delay = boot;
+        node.devices_delay = devices;
+        node.labels
+            .insert("nvidia.com/gpu.count".into(), offer.gpus.to_string());
+        let mut pool = PoolSpec::new(&offer.name, node);
+        let mut annotate = |k: &str, v: String| pool.annotations.insert(k.to_string(), v);
+        annotate(
+            "capacity.cluster-autoscaler.kubernetes.io/gpu-type",
+            GPU.to_string(),
+        );
+        annotate(
+            "capacity.cluster-autoscaler.kubernetes.io/gpu-count",
+            offer.gpus.to_string(),
+        );
+        annotate("gpuops.io/price-per-hour", offer.price.to_string());
+        annotate("gpuops.io/gpu-product", offer.product.clone());
+        if let Some(c) = &offer.mig_config {
+            annotate("gpuops.io/mig-config", c.clone());
+            pool.node
+                .labels
+                .insert("nvidia.com/mig.config".into(), c.clone());
+        }
+        if let Some(r) = offer.replicas {
+            annotate("gpuops.io/gpu-replicas", r.to_string());
+            pool.node
+                .labels
+                .insert("nvidia.com/gpu.replicas".into(), r.to_string());
+        }
+        pool
     }
 }
 
@@ -522,9 +559,14 @@ impl Autoscaler for ClusterApi {
                 let pool = m["metadata"]["labels"]["cluster.x-k8s.io/deployment-name"].as_str()?;
                 Some(Instance {
                     name: m["metadata"]["name"].as_str()?.to_string(),
+                    // Physical GPUs: a MIG or time-sliced node advertises more devices.
                     gpus: pools
                         .get(pool)
-                        .and_then(|s| s.devices.get(GPU))
+                        .and_then(|s| {
+                            s.labels
+                                .get("nvidia.com/gpu.count")
+                                .or_else(|| s.devices.get(GPU))
+                        })
                         .and_then(|g| g.parse().ok())
                         .unwrap_or(0),
                     created: m["metadata"]["creationTimestamp"]

@@ -23,7 +23,7 @@ use crate::infra::{
 };
 use crate::kubectl::{Kubectl, Loop};
 use crate::process::Managed;
-use crate::scenario::{Autoscaler, GPU, Instance};
+use crate::scenario::{Autoscaler, Instance, Offer};
 use crate::{BedError, Cluster, free_port, wait_until};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashSet};
@@ -53,10 +53,12 @@ pub struct InstanceType {
     pub devices: BTreeMap<String, String>,
     /// On-demand price per hour.
     pub price: f64,
+    /// Physical GPUs, for GPU-hours (a MIG or time-sliced type advertises more devices).
+    pub gpus: u32,
 }
 
 impl InstanceType {
-    /// A GPU instance: 64 CPUs, 512 GiB, 110 pods, `count` of `resource`.
+    /// A GPU instance: 64 CPUs, 512 GiB, 110 pods, `count` of `resource` on `count` GPUs.
     pub fn gpu(name: &str, resource: &str, count: u32, price: f64) -> InstanceType {
         InstanceType {
             name: name.to_string(),
@@ -65,6 +67,7 @@ impl InstanceType {
             pods: 110,
             devices: [(resource.to_string(), count.to_string())].into(),
             price,
+            gpus: count,
         }
     }
 
@@ -112,14 +115,22 @@ pub struct KarpenterOptions {
     pub lag_interval: Duration,
 }
 
+/// The offer as Karpenter's KWOK provider sells it: its device resource is an opaque extended
+/// resource in the type's capacity (Karpenter itself knows nothing of MIG or time-slicing).
+impl From<&Offer> for InstanceType {
+    fn from(o: &Offer) -> InstanceType {
+        InstanceType {
+            devices: [(o.resource.clone(), o.devices.to_string())].into(),
+            gpus: o.gpus,
+            ..InstanceType::gpu(&o.name, &o.resource, o.devices, o.price)
+        }
+    }
+}
+
 impl Default for KarpenterOptions {
     fn default() -> Self {
         KarpenterOptions {
-            instance_types: vec![
-                InstanceType::gpu("gpu-h100-8x", "nvidia.com/gpu", 8, 98.32),
-                InstanceType::gpu("gpu-h100-4x", "nvidia.com/gpu", 4, 49.16),
-                InstanceType::gpu("gpu-h100-1x", "nvidia.com/gpu", 1, 12.29),
-            ],
+            instance_types: Offer::h100_whole().iter().map(InstanceType::from).collect(),
             startup_taint: false,
             registration_delay: Duration::from_secs(2),
             devices_delay: Duration::from_secs(3),
@@ -296,10 +307,7 @@ impl Cluster {
             gpus_by_type: options
                 .instance_types
                 .iter()
-                .map(|t| {
-                    let gpus = t.devices.get(GPU).and_then(|g| g.parse().ok()).unwrap_or(0);
-                    (t.name.clone(), gpus)
-                })
+                .map(|t| (t.name.clone(), t.gpus))
                 .collect(),
             startup_taint: options.startup_taint,
         };
@@ -590,6 +598,10 @@ mod tests {
         assert_eq!(t["resources"]["nvidia.com/gpu"], "8");
         assert_eq!(t["resources"]["pods"], "110");
         assert_eq!(t["offerings"][0]["Price"], 98.32);
+        let mig = InstanceType::from(&Offer::h100_mig_1g());
+        assert_eq!(mig.gpus, 8);
+        assert_eq!(mig.to_json()["resources"]["nvidia.com/mig-1g.10gb"], "56");
+        assert!(mig.to_json()["resources"].get("nvidia.com/gpu").is_none());
         assert_eq!(
             t["offerings"][0]["Requirements"][0]["values"][0],
             "on-demand"

@@ -34,53 +34,209 @@ pub trait Autoscaler {
     fn instances(&self) -> Result<Vec<Instance>, BedError>;
 }
 
-/// One batch of pending pods.
+/// What one pending pod asks for: `count` of the device resource `resource`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    pub resource: String,
+    pub count: u32,
+}
+
+impl Ask {
+    pub fn new(resource: &str, count: u32) -> Ask {
+        Ask {
+            resource: resource.to_string(),
+            count,
+        }
+    }
+}
+
+/// A kind of node the autoscalers may buy. Both sides are built from the same offers (a
+/// Karpenter instance type, a Cluster API pool), so they choose among the same nodes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Offer {
+    pub name: String,
+    /// The `nvidia.com/gpu.product` label of its nodes.
+    pub product: String,
+    /// Physical GPUs: what GPU-hours count.
+    pub gpus: u32,
+    /// The device resource its nodes advertise once the device plugin registers, and how many.
+    pub resource: String,
+    pub devices: u32,
+    /// Per node-hour.
+    pub price: f64,
+    /// The mig-parted config its nodes come up with (`nvidia.com/mig.config`).
+    pub mig_config: Option<String>,
+    /// Time-slicing replicas per GPU.
+    pub replicas: Option<u32>,
+}
+
+impl Offer {
+    /// Whole GPUs (`nvidia.com/gpu`).
+    pub fn whole(name: &str, product: &str, gpus: u32, price: f64) -> Offer {
+        Offer {
+            name: name.to_string(),
+            product: product.to_string(),
+            gpus,
+            resource: GPU.to_string(),
+            devices: gpus,
+            price,
+            mig_config: None,
+            replicas: None,
+        }
+    }
+
+    /// H100 nodes of 8, 4 and 1 whole GPUs at the same price per GPU: only packing decides.
+    pub fn h100_whole() -> Vec<Offer> {
+        vec![
+            Offer::whole("gpu-h100-8x", H100, 8, 98.32),
+            Offer::whole("gpu-h100-4x", H100, 4, 49.16),
+            Offer::whole("gpu-h100-1x", H100, 1, 12.29),
+        ]
+    }
+
+    /// An 8x H100 node under NVIDIA's `all-1g.10gb`: 7 `nvidia.com/mig-1g.10gb` per GPU.
+    pub fn h100_mig_1g() -> Offer {
+        Offer {
+            name: "gpu-h100-mig-1g".into(),
+            product: H100.into(),
+            gpus: 8,
+            resource: "nvidia.com/mig-1g.10gb".into(),
+            devices: 56,
+            price: 98.32,
+            mig_config: Some("all-1g.10gb".into()),
+            replicas: None,
+        }
+    }
+
+    /// A 4x L4 node time-sliced 4 ways: 16 `nvidia.com/gpu.shared` (the device plugin's rename).
+    pub fn l4_shared() -> Offer {
+        Offer {
+            name: "gpu-l4-shared".into(),
+            product: "NVIDIA-L4".into(),
+            gpus: 4,
+            resource: "nvidia.com/gpu.shared".into(),
+            devices: 16,
+            price: 3.2,
+            mig_config: None,
+            replicas: Some(4),
+        }
+    }
+}
+
+const H100: &str = "NVIDIA-H100-80GB-HBM3";
+
+/// One batch of pending pods and the nodes on offer for them.
 #[derive(Debug, Clone)]
 pub struct Scenario {
     pub name: String,
-    /// GPUs asked by each pod.
-    pub pods: Vec<u32>,
-    /// GPUs of the largest instance available, for the minimum that fits.
-    pub node_gpus: u32,
+    pub pods: Vec<Ask>,
+    pub offers: Vec<Offer>,
 }
 
 impl Scenario {
     /// (a) Scale from zero for one pod asking 4 GPUs.
-    pub fn scale_from_zero(node_gpus: u32) -> Scenario {
+    pub fn scale_from_zero() -> Scenario {
         Scenario {
             name: "a: 1 pod x 4 GPUs from zero".into(),
-            pods: vec![4],
-            node_gpus,
+            pods: vec![Ask::new(GPU, 4)],
+            offers: Offer::h100_whole(),
         }
     }
 
     /// (b) A burst of 20 pods: 8 x 1, 6 x 2, 4 x 4 and 2 x 8 GPUs (52 GPUs).
-    pub fn burst(node_gpus: u32) -> Scenario {
-        let mut pods = Vec::new();
-        for (count, gpus) in [(8, 1), (6, 2), (4, 4), (2, 8)] {
-            pods.extend(std::iter::repeat_n(gpus, count));
-        }
+    pub fn burst() -> Scenario {
         Scenario {
             name: "b: burst of 20 pods (52 GPUs)".into(),
-            pods,
-            node_gpus,
+            pods: asks(GPU, &[(8, 1), (6, 2), (4, 4), (2, 8)]),
+            offers: Offer::h100_whole(),
         }
     }
 
-    /// The fewest instances of `node_gpus` GPUs that hold every pod: first-fit decreasing,
-    /// which here meets the lower bound ceil(sum / node_gpus) (checked in the tests).
+    /// (c) A burst of 20 pods of three kinds, on whole-GPU, MIG (`all-1g.10gb`) and
+    /// time-sliced offers: 6 whole (16 GPUs: two 8x nodes are both the cheapest and the fewest),
+    /// 7 MIG (63 x 1g.10gb, more than one node's 56) and 7 shared (22 replicas, more than one
+    /// node's 16). Within a kind the largest come first.
+    pub fn mixed() -> Scenario {
+        let mig = Offer::h100_mig_1g();
+        let shared = Offer::l4_shared();
+        let mut pods = asks(GPU, &[(2, 4), (4, 2)]);
+        pods.extend(asks(&mig.resource, &[(3, 14), (2, 7), (1, 4), (1, 3)]));
+        pods.extend(asks(&shared.resource, &[(3, 4), (2, 3), (2, 2)]));
+        let mut offers = Offer::h100_whole();
+        offers.extend([mig, shared]);
+        Scenario {
+            name: "c: mixed burst of 20 pods (whole, MIG, shared)".into(),
+            pods,
+            offers,
+        }
+    }
+
+    /// The fewest nodes that hold every pod: per resource, an exact bin packing onto the
+    /// largest offer of it (each offer advertises one resource, so the kinds never share a
+    /// node). Pods whose resource nobody offers are left out.
     pub fn min_instances(&self) -> usize {
-        let mut sizes = self.pods.clone();
-        sizes.sort_unstable_by(|a, b| b.cmp(a));
-        let mut free: Vec<u32> = Vec::new();
-        for s in sizes {
-            match free.iter_mut().find(|f| **f >= s) {
-                Some(f) => *f -= s,
-                None => free.push(self.node_gpus.saturating_sub(s)),
+        let mut by_resource: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        for a in &self.pods {
+            by_resource.entry(&a.resource).or_default().push(a.count);
+        }
+        by_resource
+            .iter()
+            .filter_map(|(resource, counts)| {
+                let cap = self
+                    .offers
+                    .iter()
+                    .filter(|o| o.resource == *resource)
+                    .map(|o| o.devices)
+                    .max()?;
+                Some(fewest_bins(counts, cap))
+            })
+            .sum()
+    }
+}
+
+/// `(how many, count)` pairs as asks of `resource`.
+fn asks(resource: &str, groups: &[(usize, u32)]) -> Vec<Ask> {
+    groups
+        .iter()
+        .flat_map(|&(n, count)| std::iter::repeat_n(Ask::new(resource, count), n))
+        .collect()
+}
+
+/// The fewest bins of `cap` that hold `items`, exactly (branch and bound, largest first; the
+/// scenarios have at most a few dozen items). An item over `cap` gets a bin of its own.
+pub fn fewest_bins(items: &[u32], cap: u32) -> usize {
+    fn go(i: usize, items: &[u32], bins: &mut Vec<u32>, cap: u32, lower: usize, best: &mut usize) {
+        if bins.len() >= *best || *best == lower {
+            return;
+        }
+        if i == items.len() {
+            *best = bins.len();
+            return;
+        }
+        let mut tried = Vec::new();
+        for b in 0..bins.len() {
+            // Two bins equally full lead to the same packings.
+            if bins[b] + items[i] <= cap && !tried.contains(&bins[b]) {
+                tried.push(bins[b]);
+                bins[b] += items[i];
+                go(i + 1, items, bins, cap, lower, best);
+                bins[b] -= items[i];
             }
         }
-        free.len()
+        bins.push(items[i]);
+        go(i + 1, items, bins, cap, lower, best);
+        bins.pop();
     }
+    if cap == 0 {
+        return items.len();
+    }
+    let mut sorted = items.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let total: u64 = sorted.iter().map(|&x| u64::from(x)).sum();
+    let lower = usize::try_from(total.div_ceil(u64::from(cap))).unwrap_or(usize::MAX);
+    let mut best = usize::MAX;
+    go(0, &sorted, &mut Vec::new(), cap, lower, &mut best);
+    best
 }
 
 /// What one scenario measured.
@@ -97,8 +253,6 @@ pub struct Outcome {
     pub time_to_capacity: Vec<Option<Duration>>,
     /// Sum over instances of (all pods Running - first seen) x GPUs, in GPU-hours.
     pub gpu_hours_bought: f64,
-    /// The pods' GPUs x their time to capacity, for scale.
-    pub gpu_hours_requested_while_pending: f64,
     /// When the first new Node appeared, and the first Node with GPUs in allocatable (the
     /// device-plugin delay shows between the two).
     pub first_node: Option<Duration>,
@@ -189,11 +343,11 @@ pub fn run(
     let items: Vec<_> = names
         .iter()
         .zip(&scenario.pods)
-        .map(|(name, gpus)| {
+        .map(|(name, ask)| {
             json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": namespace, "labels": {"gpuops.io/scenario": "1"}},
                 "spec": {"containers": [{"name": "cuda", "image": "example.invalid/cuda:12",
-                    "resources": {"requests": {"cpu": "1"}, "limits": {GPU: gpus.to_string()}}}]}})
+                    "resources": {"requests": {"cpu": "1"}, "limits": {&ask.resource: ask.count.to_string()}}}]}})
         })
         .collect();
     let list = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
@@ -277,11 +431,6 @@ pub fn run(
         .sum();
     let time_to_capacity: Vec<Option<Duration>> =
         names.iter().map(|n| running.get(n).copied()).collect();
-    let gpu_hours_requested_while_pending = time_to_capacity
-        .iter()
-        .zip(&scenario.pods)
-        .map(|(t, g)| t.unwrap_or(end).as_secs_f64() * f64::from(*g) / 3600.0)
-        .sum();
 
     // The stages, from the objects as they ended up (kubectl leaves managedFields out unless
     // asked; they hold the only time a GPU or taint change has).
@@ -321,7 +470,6 @@ pub fn run(
         min_instances: scenario.min_instances(),
         time_to_capacity,
         gpu_hours_bought,
-        gpu_hours_requested_while_pending,
         first_node,
         first_gpus,
         pod_stages,
@@ -350,10 +498,17 @@ fn nodes_now(cluster: &Cluster) -> Result<Vec<Value>, BedError> {
     Ok(nodes["items"].as_array().cloned().unwrap_or_default())
 }
 
+/// Whether any GPU device resource (`nvidia.com/gpu`, `nvidia.com/mig-*`, `*.shared`, ...) is in
+/// the node's allocatable.
 fn has_gpus(node: &Value) -> bool {
-    node["status"]["allocatable"][GPU]
-        .as_str()
-        .is_some_and(|g| g != "0")
+    node["status"]["allocatable"].as_object().is_some_and(|a| {
+        a.iter()
+            .any(|(k, v)| is_device(k) && v.as_str().is_some_and(|g| g != "0"))
+    })
+}
+
+fn is_device(resource: &str) -> bool {
+    resource.starts_with("nvidia.com/")
 }
 
 fn has_taint(node: &Value, key: &str) -> bool {
@@ -387,7 +542,12 @@ fn managed_time(node: &Value, manager: &str, subresource: Option<&str>) -> Optio
                 && e["subresource"].as_str() == subresource
         })
         .filter(|e| match subresource {
-            Some(_) => !e["fieldsV1"]["f:status"]["f:allocatable"][format!("f:{GPU}")].is_null(),
+            Some(_) => e["fieldsV1"]["f:status"]["f:allocatable"]
+                .as_object()
+                .is_some_and(|a| {
+                    a.keys()
+                        .any(|k| k.strip_prefix("f:").is_some_and(is_device))
+                }),
             None => !e["fieldsV1"]["f:spec"]["f:taints"].is_null(),
         })
         .filter_map(|e| time_of(&e["time"]))
@@ -561,24 +721,60 @@ mod tests {
 
     #[test]
     fn the_fewest_instances_meet_the_lower_bound() {
-        for s in [Scenario::scale_from_zero(8), Scenario::burst(8)] {
-            let total: u32 = s.pods.iter().sum();
-            let lower = total.div_ceil(s.node_gpus) as usize;
+        for s in [Scenario::scale_from_zero(), Scenario::burst()] {
+            let total: u32 = s.pods.iter().map(|a| a.count).sum();
+            let lower = total.div_ceil(8) as usize;
             assert_eq!(s.min_instances(), lower, "{}", s.name);
         }
-        assert_eq!(Scenario::burst(8).pods.len(), 20);
-        assert_eq!(Scenario::burst(8).min_instances(), 7);
-        assert_eq!(Scenario::scale_from_zero(8).min_instances(), 1);
+        assert_eq!(Scenario::burst().pods.len(), 20);
+        assert_eq!(Scenario::burst().min_instances(), 7);
+        assert_eq!(Scenario::scale_from_zero().min_instances(), 1);
         let odd = Scenario {
             name: "x".into(),
-            pods: vec![5, 5, 5],
-            node_gpus: 8,
+            pods: vec![Ask::new(GPU, 5); 3],
+            offers: Offer::h100_whole(),
         };
         assert_eq!(
             odd.min_instances(),
             3,
             "no two 5-GPU pods share an 8-GPU node"
         );
+    }
+
+    #[test]
+    fn the_mixed_burst_needs_two_nodes_of_each_kind() {
+        let s = Scenario::mixed();
+        assert_eq!(s.pods.len(), 20);
+        let total = |r: &str| -> u32 {
+            s.pods
+                .iter()
+                .filter(|a| a.resource == r)
+                .map(|a| a.count)
+                .sum()
+        };
+        // Each kind is more than one node holds and fits two.
+        assert_eq!(total(GPU), 16);
+        assert_eq!(total("nvidia.com/mig-1g.10gb"), 63);
+        assert_eq!(total("nvidia.com/gpu.shared"), 22);
+        assert_eq!(s.min_instances(), 6);
+        // A resource nobody offers is left out rather than counted.
+        let mut extra = s.clone();
+        extra.pods.push(Ask::new("example.com/fpga", 1));
+        assert_eq!(extra.min_instances(), 6);
+    }
+
+    #[test]
+    fn fewest_bins_is_exact_where_first_fit_decreasing_is_not() {
+        // First-fit decreasing fills 5,4 | 3,3,3 | 2 (3 bins of 10); 5,3,2 | 4,3,3 is 2.
+        assert_eq!(fewest_bins(&[5, 4, 3, 3, 3, 2], 10), 2);
+        assert_eq!(fewest_bins(&[6, 6, 6], 10), 3);
+        assert_eq!(fewest_bins(&[], 8), 0);
+        assert_eq!(
+            fewest_bins(&[9], 8),
+            1,
+            "an item over the capacity gets its own bin"
+        );
+        assert_eq!(fewest_bins(&[1, 1], 0), 2);
     }
 
     #[test]
@@ -710,7 +906,6 @@ mod tests {
             min_instances: 1,
             time_to_capacity: vec![],
             gpu_hours_bought: 0.0,
-            gpu_hours_requested_while_pending: 0.0,
             first_node: None,
             first_gpus: None,
             pod_stages: vec![

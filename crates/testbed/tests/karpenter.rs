@@ -26,7 +26,7 @@ fn karpenter_binds_a_four_gpu_pod_from_zero_on_nodes_whose_gpus_come_late() {
     let outcome = scenario::run(
         &cluster,
         &karpenter,
-        &Scenario::scale_from_zero(8),
+        &Scenario::scale_from_zero(),
         "default",
         Duration::from_secs(240),
         Duration::from_secs(10),
