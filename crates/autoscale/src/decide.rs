@@ -399,6 +399,12 @@ pub(crate) fn scale_up(
     let oldest = snap.pending.iter().map(|p| p.created).min().unwrap_or(0);
     let batch_open = now.saturating_sub(newest) < ms(cfg.batch_idle)
         && now.saturating_sub(oldest) < ms(cfg.batch_max);
+    if batch_open {
+        let closes = newest
+            .saturating_add(ms(cfg.batch_idle))
+            .min(oldest.saturating_add(ms(cfg.batch_max)));
+        out.batch_closes_in = Some(std::time::Duration::from_millis(closes.saturating_sub(now)));
+    }
 
     let mut order: Vec<usize> = (0..snap.pending.len()).collect();
     order.sort_by(|&a, &b| {

@@ -535,8 +535,38 @@ fn batch_window_waits_then_buys_once() {
     let d = decide(&snap, &mut state, 101 * S, &c);
     assert!(d.scale_ups.is_empty());
     assert!(matches!(d.plans[0].plan, Plan::Waiting { .. }));
+    // The caller is told when to look again: the idle period ends at 102 s.
+    assert_eq!(d.batch_closes_in, Some(Duration::from_secs(1)));
     let d = decide(&snap, &mut state, 103 * S, &c);
     assert_eq!(launched(&d), 1);
+    assert_eq!(d.batch_closes_in, None);
+}
+
+#[test]
+fn the_batch_window_closes_at_the_maximum_when_pods_keep_coming() {
+    // A pod every second since 100 s: the idle period never runs out, the maximum (10 s from
+    // the oldest) does, at 110 s.
+    let pending: Vec<PendingPod> = (0..10)
+        .map(|i| PendingPod {
+            created: (100 + i) * S,
+            ..gpu_pod(&format!("a/p{i}"), 1)
+        })
+        .collect();
+    let snap = Snapshot {
+        pools: vec![gpu_pool("h100", 5, 8, 30.0, 0)],
+        pending,
+        ..Snapshot::default()
+    };
+    let c = Config {
+        batch_idle: Duration::from_secs(2),
+        batch_max: Duration::from_secs(10),
+        ..Config::default()
+    };
+    let d = decide(&snap, &mut State::default(), 109 * S + 500, &c);
+    assert!(d.scale_ups.is_empty());
+    assert_eq!(d.batch_closes_in, Some(Duration::from_millis(500)));
+    let d = decide(&snap, &mut State::default(), 110 * S, &c);
+    assert_eq!(launched(&d), 2, "10 one-GPU pods on 8-GPU nodes");
 }
 
 #[test]

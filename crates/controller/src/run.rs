@@ -256,14 +256,17 @@ pub async fn run(
     // After a failed pass nothing runs before this, whatever wakes the loop: with the apiserver
     // gone every watcher's retry is a wake-up, and passes on each would hammer it when it returns.
     let mut retry_at: Option<tokio::time::Instant> = None;
-    let mut batch_open = false;
+    // When the scale-up batch window closes, if pods wait for it: nothing else wakes the loop
+    // then (a burst followed by silence waited a whole resync, 10 s by default, and a poll
+    // every second still lost up to a second against Karpenter's batcher).
+    let mut batch_closes: Option<tokio::time::Instant> = None;
     loop {
-        let wait = match retry_at {
-            Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
-            // An open batch window is looked at again within a second of closing, not a
-            // resync later (10 s by default, which a burst followed by silence used to wait).
-            None if batch_open => cfg.resync.min(BATCH_RECHECK),
-            None => cfg.resync,
+        let wait = match (retry_at, batch_closes) {
+            (Some(at), _) => at.saturating_duration_since(tokio::time::Instant::now()),
+            (None, Some(at)) => cfg
+                .resync
+                .min(at.saturating_duration_since(tokio::time::Instant::now())),
+            (None, None) => cfg.resync,
         };
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
@@ -283,9 +286,12 @@ pub async fn run(
         }
         retry_at = None;
         match pass(&ctx, &mut state, &mut clock, &mut seen, previous.as_ref()).await {
-            Ok((s, open)) => {
+            Ok((s, closes_in)) => {
                 previous = Some(s);
-                batch_open = open;
+                // A few milliseconds past the close: the window is open while strictly younger.
+                batch_closes = closes_in.map(|d| {
+                    tokio::time::Instant::now() + d + Duration::from_millis(BATCH_CLOSE_MARGIN_MS)
+                });
                 backoff = Duration::ZERO;
             }
             Err(e) => {
@@ -336,8 +342,8 @@ fn latest_creation(created: u64, first_seen: u64) -> u64 {
     created.max(first_seen.min(created.saturating_add(999)))
 }
 
-/// How soon a pass looks again while pods wait for the scale-up batch window.
-const BATCH_RECHECK: Duration = Duration::from_secs(1);
+/// How long after the batch window's computed close the next pass runs, so it sees it closed.
+const BATCH_CLOSE_MARGIN_MS: u64 = 5;
 
 async fn pass(
     ctx: &Ctx,
@@ -345,7 +351,7 @@ async fn pass(
     clock: &mut crate::clock::Clock,
     seen: &mut HashMap<String, u64>,
     previous: Option<&Status>,
-) -> Result<(Status, bool), ControllerError> {
+) -> Result<(Status, Option<Duration>), ControllerError> {
     let (now, jumped) = clock.read();
     if let Some(delta_ms) = jumped {
         state.shift(delta_ms);
@@ -479,13 +485,13 @@ async fn pass(
     }
     write_status(ctx, &st).await?;
     // Pods waiting for the scale-up batch window: it closes with no watch event to wake us.
-    let batch_open = d
+    let waiting = d
         .plans
         .iter()
         .any(|p| matches!(p.plan, gpuops_autoscale::Plan::Waiting { .. }));
     match first_error {
         Some(e) => Err(e),
-        None => Ok((st, batch_open)),
+        None => Ok((st, d.batch_closes_in.filter(|_| waiting))),
     }
 }
 
