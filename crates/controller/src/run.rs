@@ -509,11 +509,14 @@ async fn apply(
             first_error.get_or_insert(e);
         }
     };
-    for su in &d.scale_ups {
-        let Some(md) = mds.get(&su.pool) else {
-            continue;
-        };
-        let r = act::scale_up(&ctx.client, su, md).await;
+    // All pools at once: each is its own MachineDeployment, and a mixed burst that buys from
+    // three pools waited for three round trips one after the other (bench-autoscale (c)).
+    let scaled = futures::future::join_all(d.scale_ups.iter().filter_map(|su| {
+        let md = mds.get(&su.pool)?;
+        Some(async move { (su, act::scale_up(&ctx.client, su, md).await) })
+    }))
+    .await;
+    for (su, r) in scaled {
         if r.is_ok() {
             m.scale_ups.fetch_add(1, Ordering::Relaxed);
             m.nodes_bought
