@@ -13,19 +13,6 @@ use std::time::Duration;
 mod common;
 use common::{Controller, bed};
 
-/// KubeSchedulerConfiguration profiles: score nodes by how full their GPUs are.
-const GPU_BIN_PACKING: &str = "profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: NodeResourcesFit
-    args:
-      scoringStrategy:
-        type: MostAllocated
-        resources:
-        - name: nvidia.com/gpu
-          weight: 1
-";
-
 fn pool(name: &str, gpus: u32, price: &str) -> PoolSpec {
     let mut shape = NodeShape::gpu("NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu", gpus);
     shape.boot_delay = Duration::from_secs(2);
@@ -124,10 +111,11 @@ fn a_burst_buys_the_fewest_nodes_that_fit() {
     // (LeastAllocated) nodes that lose their startup taint together get the burst's pods spread
     // over them, no node keeps room for an 8-GPU pod, and any autoscaler buys one more node for
     // it (bench-autoscale saw an 8th of 7 for Karpenter and gpuops alike).
+    let s = Scenario::burst();
     let cluster = Cluster::start(ClusterOptions {
         kwok: true,
         controller_manager: true,
-        scheduler_config: Some(GPU_BIN_PACKING.into()),
+        scheduler_config: Some(s.bin_packing_profile()),
         ..ClusterOptions::default()
     })
     .unwrap();
@@ -136,7 +124,6 @@ fn a_burst_buys_the_fewest_nodes_that_fit() {
     p.max = 20;
     capi.add_pool(&p).unwrap();
     let _controller = Controller::start(&cluster, "solo", false);
-    let s = Scenario::burst();
     let outcome = scenario::run(
         &cluster,
         &capi,
@@ -350,17 +337,10 @@ fn a_mixed_burst_of_whole_mig_and_shared_pods_buys_the_fewest_nodes_that_fit() {
     // replicas); the infra provider advertises them only after the device delay. A scheduler
     // that bin-packs every device (see a_burst_buys_the_fewest_nodes_that_fit).
     let s = Scenario::mixed();
-    let mut resources: Vec<&str> = s.offers.iter().map(|o| o.resource.as_str()).collect();
-    resources.dedup();
-    let mut profile =
-        GPU_BIN_PACKING.replace("        - name: nvidia.com/gpu\n          weight: 1\n", "");
-    for r in &resources {
-        profile.push_str(&format!("        - name: {r}\n          weight: 1\n"));
-    }
     let cluster = Cluster::start(ClusterOptions {
         kwok: true,
         controller_manager: true,
-        scheduler_config: Some(profile),
+        scheduler_config: Some(s.bin_packing_profile()),
         ..ClusterOptions::default()
     })
     .unwrap();

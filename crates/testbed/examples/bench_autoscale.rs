@@ -33,20 +33,11 @@ fn env_list(name: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
-/// With BENCH_BIN_PACKING=1 both sides' kube-scheduler scores nodes by how full their GPU
-/// devices are (NodeResourcesFit MostAllocated over every device the scenario offers), as GPU
-/// clusters often run it; the default spreads.
+/// With BENCH_BIN_PACKING=1 both sides' kube-scheduler bin-packs the scenario's devices; the
+/// default spreads.
 fn scheduler_config(scenario: &Scenario) -> Option<String> {
-    (std::env::var("BENCH_BIN_PACKING").as_deref() == Ok("1")).then(|| {
-        let mut resources: Vec<&str> = scenario.offers.iter().map(|o| o.resource.as_str()).collect();
-        resources.sort_unstable();
-        resources.dedup();
-        let mut config = "profiles:\n- schedulerName: default-scheduler\n  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n        type: MostAllocated\n        resources:\n".to_string();
-        for r in resources {
-            config.push_str(&format!("        - name: {r}\n          weight: 1\n"));
-        }
-        config
-    })
+    (std::env::var("BENCH_BIN_PACKING").as_deref() == Ok("1"))
+        .then(|| scenario.bin_packing_profile())
 }
 
 const TIMEOUT: Duration = Duration::from_secs(420);

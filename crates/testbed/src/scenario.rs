@@ -171,6 +171,21 @@ impl Scenario {
         }
     }
 
+    /// A KubeSchedulerConfiguration whose default profile scores nodes by how full the
+    /// scenario's device resources are (NodeResourcesFit, MostAllocated), as GPU clusters often
+    /// run the scheduler; the default (LeastAllocated) spreads a burst's pods over nodes that
+    /// become schedulable together, so that a large pod may fit none of them.
+    pub fn bin_packing_profile(&self) -> String {
+        let mut resources: Vec<&str> = self.offers.iter().map(|o| o.resource.as_str()).collect();
+        resources.sort_unstable();
+        resources.dedup();
+        let mut config = "profiles:\n- schedulerName: default-scheduler\n  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n        type: MostAllocated\n        resources:\n".to_string();
+        for r in resources {
+            config.push_str(&format!("        - name: {r}\n          weight: 1\n"));
+        }
+        config
+    }
+
     /// The fewest nodes that hold every pod: per resource, an exact bin packing onto the
     /// largest offer of it (each offer advertises one resource, so the kinds never share a
     /// node). Pods whose resource nobody offers are left out.
@@ -761,6 +776,15 @@ mod tests {
         let mut extra = s.clone();
         extra.pods.push(Ask::new("example.com/fpga", 1));
         assert_eq!(extra.min_instances(), 6);
+        let profile = s.bin_packing_profile();
+        assert!(profile.contains("type: MostAllocated"), "{profile}");
+        for r in [GPU, "nvidia.com/mig-1g.10gb", "nvidia.com/gpu.shared"] {
+            assert_eq!(
+                profile.matches(&format!("- name: {r}\n")).count(),
+                1,
+                "{profile}"
+            );
+        }
     }
 
     #[test]
