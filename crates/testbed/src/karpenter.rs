@@ -120,7 +120,6 @@ pub struct KarpenterOptions {
 impl From<&Offer> for InstanceType {
     fn from(o: &Offer) -> InstanceType {
         InstanceType {
-            devices: [(o.resource.clone(), o.devices.to_string())].into(),
             gpus: o.gpus,
             ..InstanceType::gpu(&o.name, &o.resource, o.devices, o.price)
         }
