@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use gpuops_testbed::scenario::{self, Autoscaler, Scenario};
-use gpuops_testbed::{CapiOptions, Cluster, ClusterApi, ClusterOptions, NodeShape, PoolSpec};
+use gpuops_testbed::{ClusterApi, NodeShape, PoolSpec};
 use std::time::Duration;
 
 mod common;
@@ -112,14 +112,7 @@ fn a_burst_buys_the_fewest_nodes_that_fit() {
     // over them, no node keeps room for an 8-GPU pod, and any autoscaler buys one more node for
     // it (bench-autoscale saw an 8th of 7 for Karpenter and gpuops alike).
     let s = Scenario::burst();
-    let cluster = Cluster::start(ClusterOptions {
-        kwok: true,
-        controller_manager: true,
-        scheduler_config: Some(s.bin_packing_profile()),
-        ..ClusterOptions::default()
-    })
-    .unwrap();
-    let capi = cluster.start_cluster_api(CapiOptions::default()).unwrap();
+    let (cluster, capi) = common::bed_with(Some(s.bin_packing_profile()));
     let mut p = pool("h100", 8, "98.32");
     p.max = 20;
     capi.add_pool(&p).unwrap();
@@ -337,14 +330,7 @@ fn a_mixed_burst_of_whole_mig_and_shared_pods_buys_the_fewest_nodes_that_fit() {
     // replicas); the infra provider advertises them only after the device delay. A scheduler
     // that bin-packs every device (see a_burst_buys_the_fewest_nodes_that_fit).
     let s = Scenario::mixed();
-    let cluster = Cluster::start(ClusterOptions {
-        kwok: true,
-        controller_manager: true,
-        scheduler_config: Some(s.bin_packing_profile()),
-        ..ClusterOptions::default()
-    })
-    .unwrap();
-    let capi = cluster.start_cluster_api(CapiOptions::default()).unwrap();
+    let (cluster, capi) = common::bed_with(Some(s.bin_packing_profile()));
     for offer in &s.offers {
         let mut p = PoolSpec::from_offer(offer, Duration::from_secs(2), Duration::from_secs(6));
         p.max = 5;

@@ -127,9 +127,15 @@ impl Drop for Controller {
 }
 
 pub fn bed() -> (Cluster, ClusterApi) {
+    bed_with(None)
+}
+
+/// With a KubeSchedulerConfiguration for the scheduler (e.g. `Scenario::bin_packing_profile`).
+pub fn bed_with(scheduler_config: Option<String>) -> (Cluster, ClusterApi) {
     let cluster = Cluster::start(ClusterOptions {
         kwok: true,
         controller_manager: true,
+        scheduler_config,
         ..ClusterOptions::default()
     })
     .unwrap();
