@@ -399,12 +399,6 @@ pub(crate) fn scale_up(
     let oldest = snap.pending.iter().map(|p| p.created).min().unwrap_or(0);
     let batch_open = now.saturating_sub(newest) < ms(cfg.batch_idle)
         && now.saturating_sub(oldest) < ms(cfg.batch_max);
-    if batch_open {
-        let closes = newest
-            .saturating_add(ms(cfg.batch_idle))
-            .min(oldest.saturating_add(ms(cfg.batch_max)));
-        out.batch_closes_in = Some(std::time::Duration::from_millis(closes.saturating_sub(now)));
-    }
 
     let mut order: Vec<usize> = (0..snap.pending.len()).collect();
     order.sort_by(|&a, &b| {
@@ -688,6 +682,17 @@ pub(crate) fn scale_up(
         });
     }
     out.plans = plans.into_iter().flatten().collect();
+    // Pods waiting for the window: it closes with no change in the cluster to wake the caller.
+    if out
+        .plans
+        .iter()
+        .any(|p| matches!(p.plan, Plan::Waiting { .. }))
+    {
+        let closes = newest
+            .saturating_add(ms(cfg.batch_idle))
+            .min(oldest.saturating_add(ms(cfg.batch_max)));
+        out.batch_closes_in = Some(std::time::Duration::from_millis(closes.saturating_sub(now)));
+    }
     // Pod events only when the explanation changed.
     let pending: std::collections::HashSet<&str> =
         snap.pending.iter().map(|p| p.key.as_str()).collect();

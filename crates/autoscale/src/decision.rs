@@ -15,8 +15,8 @@ pub struct Decision {
     pub in_flight: Vec<InFlight>,
     /// Explanations that changed since the last call (the controller emits them as events).
     pub events: Vec<Event>,
-    /// While the scale-up batch window is open: how long until it closes (the idle or the
-    /// maximum period runs out), so the caller can decide again exactly then.
+    /// While pods wait for the scale-up batch window: how long until it closes (the idle or
+    /// the maximum period runs out), so the caller can decide again exactly then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_closes_in: Option<std::time::Duration>,
 }

@@ -484,14 +484,9 @@ async fn pass(
         status::add_mig(&mut st, mp);
     }
     write_status(ctx, &st).await?;
-    // Pods waiting for the scale-up batch window: it closes with no watch event to wake us.
-    let waiting = d
-        .plans
-        .iter()
-        .any(|p| matches!(p.plan, gpuops_autoscale::Plan::Waiting { .. }));
     match first_error {
         Some(e) => Err(e),
-        None => Ok((st, d.batch_closes_in.filter(|_| waiting))),
+        None => Ok((st, d.batch_closes_in)),
     }
 }
 
