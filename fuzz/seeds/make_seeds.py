@@ -22,14 +22,14 @@ def read(p):
     return (root / p).read_text()
 
 # mig-parted configs, plain and ConfigMap.
-for p in ["crates/mig/tests/fixtures/device-filters.yaml",
-          "crates/mig/tests/fixtures/nvidia-mig-parted-v0.15.0-config-default.yaml",
-          "crates/gpuops/tests/fixtures/seed-mig-parted-config.yaml",
+for p in ["crates/decide/mig/tests/fixtures/device-filters.yaml",
+          "crates/decide/mig/tests/fixtures/nvidia-mig-parted-v0.15.0-config-default.yaml",
+          "crates/bin/gpuops/tests/fixtures/seed-mig-parted-config.yaml",
           "deploy/helm/gpuops/files/default-mig-config.yaml"]:
     put("mig_config", read(p))
     put("mig_configmap", read(p))
-for p in ["crates/mig/tests/fixtures/seed-mig-parted-configmap.yaml",
-          "crates/mig/tests/fixtures/nvidia-mig-manager-v0.15.0-example.yaml"]:
+for p in ["crates/decide/mig/tests/fixtures/seed-mig-parted-configmap.yaml",
+          "crates/decide/mig/tests/fixtures/nvidia-mig-manager-v0.15.0-example.yaml"]:
     put("mig_config", read(p))
 small = "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n  custom:\n    - devices: [0, 1]\n      device-filter: [\"0x233010DE\"]\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 7\n    - devices: [2]\n      mig-enabled: true\n      mig-devices: {\"3g.40gb\": 2}\n"
 put("mig_config", small)
@@ -49,7 +49,7 @@ for c in ['{"version":"v1","applying":"all-1g.10gb","gpus":[{"index":0,"uuid":"G
     put("mig_checkpoint", c)
 
 # Device-plugin configs.
-dp = read("crates/gpuops/tests/fixtures/seed-nvidia-device-plugin.yaml")
+dp = read("crates/bin/gpuops/tests/fixtures/seed-nvidia-device-plugin.yaml")
 put("plugin_config", dp)
 for c in ["version: v1\nflags:\n  migStrategy: mixed\n  failOnInitError: false\n  plugin:\n    deviceListStrategy: [envvar, cdi-annotations]\n    deviceIDStrategy: index\n",
           "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    failRequestsGreaterThanOne: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
@@ -59,7 +59,7 @@ for c in ["version: v1\nflags:\n  migStrategy: mixed\n  failOnInitError: false\n
     put("plugin_config", c)
 
 # Fleets (the built-in ones and a few more).
-fleet_src = read("crates/sim/src/fleet.rs")
+fleet_src = read("crates/sim/sim/src/fleet.rs")
 for m in re.finditer(r'\(\s*"[a-z0-9-]+",\s*"((?:[^"\\]|\\.)*)",\s*\)', fleet_src):
     put("fleet", m.group(1).encode().decode("unicode_escape"))
 put("fleet", "hostname: mixed\ndriver-version: \"550.54.15\"\ncuda-version: \"12.4\"\nfabric: pairs\ngpus:\n  - model: A100-PCIE-40GB\n    count: 2\n  - model: L4\n    count: 1\n")
@@ -115,7 +115,7 @@ for t in [H + "\np0,12000,16384,1,460,V100M16|V100M32,LS,Running,0,1,0\np1,6000,
     put("trace_pods", t)
 
 # Prometheus text.
-top = read("crates/doctor/src/top.rs")
+top = read("crates/decide/doctor/src/top.rs")
 m = re.search(r'const FIXTURE: &str = r#"(.*?)"#;', top, re.S)
 put("prometheus_text", m.group(1))
 put("prometheus_text", '# HELP x y\n# TYPE x counter\nx_total{a="b\\"c\\\\d\\ne"} 1.5e3\nup 1\nnan_metric NaN\ninf{le="+Inf"} +Inf 1700000000000\n')
