@@ -24,6 +24,19 @@ pub use error::DoctorError;
 pub use finding::{Category, Finding, ObjectRef, Severity};
 pub use snapshot::{LogExcerpt, Sample, Snapshot};
 
+/// Node labels that name a node pool, most specific first; the instance type last, as the pool
+/// of nodes no provider labelled. The doctor groups nodes by it (drivers that differ within a
+/// pool) and `gpuops-observe` reads a `--node`'s peers by it, so the two must be one list.
+pub const POOL_LABELS: &[&str] = &[
+    "cloud.google.com/gke-nodepool",
+    "eks.amazonaws.com/nodegroup",
+    "karpenter.sh/nodepool",
+    "kubernetes.azure.com/agentpool",
+    "agentpool",
+    "cluster.x-k8s.io/deployment-name",
+    "node.kubernetes.io/instance-type",
+];
+
 use std::collections::HashMap;
 use std::time::Duration;
 

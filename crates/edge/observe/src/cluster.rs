@@ -72,16 +72,6 @@ pub struct Read {
     pub unread: Vec<String>,
 }
 
-/// Node labels that name a pool (the peers `--node` reads to compare drivers).
-const POOL_LABELS: &[&str] = &[
-    "cloud.google.com/gke-nodepool",
-    "eks.amazonaws.com/nodegroup",
-    "karpenter.sh/nodepool",
-    "kubernetes.azure.com/agentpool",
-    "agentpool",
-    "cluster.x-k8s.io/deployment-name",
-];
-
 /// The cluster as the rules need it.
 ///
 /// - whole cluster: nodes, pods and events of every namespace (GPUs free on a node depend on every
@@ -186,11 +176,7 @@ async fn one_node(client: &Client, name: &str) -> Result<Read> {
             what: format!("--node {name}"),
             source,
         })?;
-    let pool = node.metadata.labels.as_ref().and_then(|l| {
-        POOL_LABELS
-            .iter()
-            .find_map(|k| l.get(*k).map(|v| format!("{k}={v}")))
-    });
+    let pool = node.metadata.labels.as_ref().and_then(peer_selector);
     let nodes = match pool {
         Some(sel) => list_all(nodes_api, "nodes", ListParams::default().labels(&sel)).await?,
         None => vec![node],
@@ -328,5 +314,46 @@ fn short_kube_error(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
         other => other.to_string(),
+    }
+}
+
+/// The label selector of a node's pool peers (the doctor compares drivers within a pool), by
+/// the doctor's own list of pool labels.
+fn peer_selector(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    gpuops_doctor::POOL_LABELS
+        .iter()
+        .find_map(|k| labels.get(*k).map(|v| format!("{k}={v}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_selector;
+    use std::collections::BTreeMap;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn peers_are_read_by_the_most_specific_pool_label_down_to_the_instance_type() {
+        let node = labels(&[
+            ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+            ("karpenter.sh/nodepool", "gpu"),
+        ]);
+        assert_eq!(
+            peer_selector(&node).as_deref(),
+            Some("karpenter.sh/nodepool=gpu")
+        );
+        // The doctor groups unlabelled nodes by instance type; the peers it compares must be read
+        // the same way (the two lists had drifted apart on exactly this label).
+        let node = labels(&[("node.kubernetes.io/instance-type", "p5.48xlarge")]);
+        assert_eq!(
+            peer_selector(&node).as_deref(),
+            Some("node.kubernetes.io/instance-type=p5.48xlarge")
+        );
+        assert_eq!(peer_selector(&labels(&[("zone", "a")])), None);
     }
 }

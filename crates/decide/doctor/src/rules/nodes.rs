@@ -9,17 +9,6 @@ use crate::cluster::{
 use crate::finding::{Category, Finding, ObjectRef, Severity};
 use std::collections::BTreeMap;
 
-/// Node labels that name a node pool, most specific first.
-const POOL_LABELS: &[&str] = &[
-    "cloud.google.com/gke-nodepool",
-    "eks.amazonaws.com/nodegroup",
-    "karpenter.sh/nodepool",
-    "kubernetes.azure.com/agentpool",
-    "agentpool",
-    "cluster.x-k8s.io/deployment-name",
-    "node.kubernetes.io/instance-type",
-];
-
 pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     let mut out = Vec::new();
     for n in c.gpu_nodes() {
@@ -294,7 +283,7 @@ fn old_driver(n: &NodeView<'_>, o: &Options) -> Option<Finding> {
 }
 
 fn pool_of<'a>(n: &'a NodeView<'_>) -> (String, &'a str) {
-    for key in POOL_LABELS {
+    for key in crate::POOL_LABELS {
         if let Some(v) = n.label(key) {
             return ((*key).to_string(), v);
         }
