@@ -212,7 +212,7 @@ fn malformed_annotations_name_the_pool_and_annotation() {
             text.contains(expect),
             "{key}={value}: expected {expect:?} in {text}"
         );
-        assert_eq!(e.pool(), "capi/bad");
+        assert_eq!(e.pool(), Some("capi/bad"));
     }
 }
 
@@ -254,7 +254,7 @@ fn a_bad_pool_is_skipped_and_the_others_keep_scaling() {
     let (pools, errors) = pool::parse_pools(&[bad, unmanaged, good]);
     assert_eq!(pools.len(), 1);
     assert_eq!(errors.len(), 1);
-    assert_eq!(errors[0].pool(), "capi/bad");
+    assert_eq!(errors[0].pool(), Some("capi/bad"));
     let snap = Snapshot {
         pools,
         pending: vec![gpu_pod("ml/train", 4)],

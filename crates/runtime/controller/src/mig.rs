@@ -6,6 +6,7 @@
 //! ConfigMap, written before the scale) and labelled with it when it registers.
 
 use crate::error::ControllerError;
+use crate::snapshot::may_be_at_or_after;
 use gpuops_autoscale::mig_demand::{
     MigConfig, MigDecision, MigGpu, MigMemory, MigNode, MigNodeState, MigPod, MigPool,
     NamedConfigYaml, decide_mig,
@@ -116,7 +117,11 @@ pub struct Assignment {
 }
 
 /// Matches owed configs to fresh nodes (pure): each entry, oldest first, labels the first
-/// node that registered at or after it; one entry labels one node. Entries older than
+/// node that registered at or after it; one entry labels one node. A node's registration is
+/// its creationTimestamp, whole seconds, and an entry's time is ours, milliseconds: a node
+/// created in the second of its entry counts as after it (else it is never labelled and the
+/// entry only goes after [`TRIM_GRACE_MS`], the node booting on the default layout; see
+/// [`crate::snapshot::second_end`]). Entries older than
 /// `expire_ms` are dropped (their node timed out), and so are the oldest of those left beyond
 /// `to_register`, the nodes the pool still waits for (a scale that failed after its entries
 /// were written): a stale entry must not label a node bought later for something else. Entries
@@ -147,7 +152,7 @@ pub fn assign(
         let found = fresh
             .iter()
             .enumerate()
-            .find(|(i, n)| !used[*i] && n.registered >= o.at)
+            .find(|(i, n)| !used[*i] && may_be_at_or_after(n.registered, o.at))
             .map(|(i, _)| i);
         match found {
             Some(i) => {
@@ -341,7 +346,10 @@ pub fn view(
             state: state_of(n, &layout),
             changed_at: annotations
                 .get(CHANGED_ANNOTATION)
-                .and_then(|s| crate::snapshot::parse_rfc3339(s)),
+                .and_then(|s| crate::snapshot::parse_rfc3339(s))
+                // Written in whole seconds: the minimum interval counts from the second's end,
+                // so it never ends early.
+                .map(crate::snapshot::second_end),
             unschedulable: n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
                 || seen.is_some_and(|s| s.removing),
             in_flight: seen.is_none(),

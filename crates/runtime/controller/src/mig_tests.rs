@@ -381,6 +381,44 @@ fn one_owed_entry_labels_exactly_one_node_that_registered_after_it() {
     assert_eq!(got, [("new-1", "gpuops-aaaa"), ("new-2", "gpuops-bbbb")]);
 }
 
+/// 2026-12-01T12:00:00Z in ms.
+const NOON: Millis = 1_796_126_400_000;
+
+#[test]
+fn a_node_created_in_the_second_of_its_entry_is_its_node() {
+    // Entry at 12:00:00.500 (our clock), node created 12:00:00.800, stamped 12:00:00 by the
+    // API server: it is the entry's node. The instant reading (`registered >= at`) left it
+    // unlabelled, booting on the default layout, until the entry was trimmed 30 s later.
+    let list = vec![owed("gpuops-aaaa", NOON + 500)];
+    assert!(fresh("new", NOON).registered < list[0].at);
+    let a = assign(&list, &[fresh("new", NOON)], 1, NOON + 2_000, 60_000);
+    assert_eq!(a.labels.len(), 1, "{a:?}");
+    assert_eq!(a.labels[0].0, "new");
+    assert!(a.keep.is_empty() && a.dropped.is_empty(), "{a:?}");
+    // A node stamped a whole second before cannot have been bought for it.
+    let a = assign(
+        &list,
+        &[fresh("old", NOON - 1_000)],
+        1,
+        NOON + 2_000,
+        60_000,
+    );
+    assert!(a.labels.is_empty(), "{a:?}");
+    assert_eq!(a.keep, list);
+}
+
+#[test]
+fn a_kubernetes_time_counts_as_its_whole_second() {
+    use crate::snapshot::{may_be_at_or_after, second_end};
+    assert_eq!(second_end(NOON), NOON + 999);
+    assert_eq!(second_end(NOON + 999), NOON + 999);
+    assert_eq!(second_end(NOON + 1_000), NOON + 1_999);
+    assert!(may_be_at_or_after(NOON, NOON + 500));
+    assert!(may_be_at_or_after(NOON, NOON + 999));
+    assert!(!may_be_at_or_after(NOON, NOON + 1_000));
+    assert!(!may_be_at_or_after(NOON - 1_000, NOON));
+}
+
 #[test]
 fn an_owed_entry_waits_for_its_node_then_expires() {
     let list = vec![owed("gpuops-aaaa", 10_000)];

@@ -460,7 +460,7 @@ async fn pass(
     let invalid: Vec<AEvent> = errors
         .iter()
         .map(|e| AEvent {
-            target: Target::Pool(e.pool().to_string()),
+            target: Target::Pool(e.pool().unwrap_or_default().to_string()),
             reason: "InvalidPool".into(),
             message: e.to_string(),
             warning: true,

@@ -69,6 +69,26 @@ pub(crate) fn parse_rfc3339(s: &str) -> Option<Millis> {
         .map(|s| s * 1000 + (ss * 1000.0) as u64)
 }
 
+/// One second, the resolution of a Kubernetes time.
+const SECOND_MS: Millis = 1000;
+
+/// The last millisecond of the second a Kubernetes time `t` names. The API server writes
+/// `metav1.Time` (creation times, condition transitions, our `changed-at` annotation) in whole
+/// seconds, truncated, while our clock reads milliseconds: a Kubernetes time names the whole
+/// second `[t, t + 999 ms]`, and comparing it as the instant `t` with a time of ours is wrong
+/// by up to a second, always the same way (a node created 300 ms after a scale-up decided at
+/// 12:00:00.500 is stamped 12:00:00 and looks older than the decision). Timeouts and minimum
+/// intervals measured from this end never end early.
+pub(crate) fn second_end(t: Millis) -> Millis {
+    (t - t % SECOND_MS).saturating_add(SECOND_MS - 1)
+}
+
+/// Whether something stamped with the Kubernetes time `k8s` can have happened at or after
+/// `ours` (ms): the same second counts, as the stamp dropped the milliseconds.
+pub(crate) fn may_be_at_or_after(k8s: Millis, ours: Millis) -> bool {
+    second_end(k8s) >= ours
+}
+
 fn meta_time(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<Millis> {
     let v = serde_json::to_value(t?).ok()?;
     parse_rfc3339(v.as_str()?)
@@ -236,7 +256,10 @@ pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
 ) -> (Snapshot, Vec<AutoscaleError>) {
     let nodes: Vec<&Node> = objs.nodes.iter().map(Borrow::borrow).collect();
     let (mut pools, errors) = gpuops_autoscale::pool::parse_pools(objs.machine_deployments);
-    let skipped: Vec<String> = errors.iter().map(|e| e.pool().to_string()).collect();
+    let skipped: Vec<String> = errors
+        .iter()
+        .map(|e| e.pool().unwrap_or_default().to_string())
+        .collect();
     pools.sort_by(|a, b| a.name.cmp(&b.name));
     let pool_of: HashMap<&str, &Pool> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
 
@@ -287,7 +310,11 @@ pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
         }
         let phase = m["status"]["phase"].as_str().unwrap_or("");
         let failed = phase == "Failed";
-        let created = ts_ms(&m["metadata"]["creationTimestamp"]).unwrap_or(now);
+        // Stage times are Kubernetes times (whole seconds): a stage's timeout counts from the
+        // end of the second, so it never ends early.
+        let created = ts_ms(&m["metadata"]["creationTimestamp"])
+            .map(second_end)
+            .unwrap_or(now);
         let node = machine_node(m).and_then(|n| nodes_by_name.get(n).copied());
         let (stage, since) = match node {
             None => (Stage::Provisioning, created),
@@ -297,13 +324,16 @@ pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
                 if !is_ready {
                     (
                         Stage::Registered,
-                        meta_time(n.metadata.creation_timestamp.as_ref()).unwrap_or(created),
+                        meta_time(n.metadata.creation_timestamp.as_ref())
+                            .map(second_end)
+                            .unwrap_or(created),
                     )
                 } else if !devices_ready(n, pool) {
                     (
                         Stage::Devices,
                         ready
                             .and_then(|c| meta_time(c.last_transition_time.as_ref()))
+                            .map(second_end)
                             .unwrap_or(created),
                     )
                 } else {

@@ -436,7 +436,7 @@ pub fn autoscale_annotations(data: &[u8]) {
             assert!(t.scalars.contains_key("pods"), "no pods capacity");
         }
         Err(e) => {
-            assert_eq!(e.pool(), name, "error about another pool: {e}");
+            assert_eq!(e.pool(), Some(name.as_str()), "error about another pool: {e}");
             let message = e.to_string();
             assert!(
                 message.contains(&format!("MachineDeployment {name}")),
@@ -484,6 +484,7 @@ mod tests {
                 Ok(_) => ok += 1,
                 Err(AutoscaleError::Annotation { .. }) => annotation += 1,
                 Err(AutoscaleError::Pool { .. }) => pool += 1,
+                Err(e) => panic!("a pool's annotations gave a MIG error: {e}"),
             }
         }
         assert!(
