@@ -348,6 +348,10 @@ type ClassKey = (
 
 /// Scale-up: fills `out.plans`, `out.scale_ups`, `out.in_flight`; returns the ready nodes (by
 /// snapshot index) that pending pods were planned onto, which scale-down must keep.
+///
+/// Gather (timeouts, nodes in flight, the batching window, the pods in size order and their
+/// shapes), choose (free capacity first, then nodes in flight and new nodes by packing), then
+/// build the outcome (each pod's plan, the scale-ups, the events).
 pub(crate) fn scale_up(
     snap: &Snapshot,
     state: &mut State,
@@ -361,14 +365,85 @@ pub(crate) fn scale_up(
     state
         .backoff
         .retain(|_, b| now < b.until.saturating_add(ms(cfg.backoff_max)));
+    let slots = in_flight(snap, &pools, &timed, out);
+    let window = Window::of(snap, now, cfg);
+    let order = size_order(snap);
+    let shapes = Shapes::intern(snap);
 
-    // In flight: machines not timed out, plus replicas no Machine stands for yet. Within a pool
-    // these are identical empty template nodes, so only the pool order matters; sorting by pool
-    // keeps the placement the same whether a node is a raised replica, a provisioning Machine or
-    // a node waiting for its devices, which is what keeps the next decision from buying again.
+    let ready = place_on_ready_nodes(snap, &order, &shapes);
+    let mut plans = ready.plans;
+    let units = Units::new(&snap.pools);
+    let batch = Batch::new(snap, &ready.rest, &shapes.shape_of, shapes.n_shapes, &units);
+    let backed_off: Vec<Option<&crate::model::Backoff>> = snap
+        .pools
+        .iter()
+        .map(|p| state.backoff.get(&p.name).filter(|b| b.until > now))
+        .collect();
+    let mut purchase = buy(snap, &batch, &ready.rest, &slots, &backed_off);
+
+    let mut for_pool = explain_rest(
+        snap,
+        &ExplainInputs {
+            batch: &batch,
+            shapes: &shapes,
+            purchase: &purchase,
+            backed_off: &backed_off,
+            now,
+            batch_open: window.open,
+        },
+        &ready.rest,
+        &mut plans,
+    );
+    if !window.open {
+        push_scale_ups(
+            snap,
+            &purchase.bought,
+            &mut for_pool,
+            &mut purchase.openers,
+            out,
+        );
+    }
+    for su in &out.scale_ups {
+        out.events.push(Event {
+            target: Target::Pool(su.pool.clone()),
+            reason: "TriggeredScaleUp".into(),
+            message: su.message.clone(),
+            warning: false,
+        });
+    }
+    out.plans = plans.into_iter().flatten().collect();
+    // Pods waiting for the window: it closes with no change in the cluster to wake the caller.
+    if out
+        .plans
+        .iter()
+        .any(|p| matches!(p.plan, Plan::Waiting { .. }))
+    {
+        let closes = window
+            .newest
+            .saturating_add(ms(cfg.batch_idle))
+            .min(window.oldest.saturating_add(ms(cfg.batch_max)));
+        out.batch_closes_in = Some(std::time::Duration::from_millis(closes.saturating_sub(now)));
+    }
+    explain_pods(snap, state, out);
+    ready.used
+}
+
+/// In flight: machines not timed out, plus replicas no Machine stands for yet; fills
+/// `out.in_flight` and returns one slot (pool, name) per node in flight.
+///
+/// Within a pool these are identical empty template nodes, so only the pool order matters;
+/// sorting by pool keeps the placement the same whether a node is a raised replica, a
+/// provisioning Machine or a node waiting for its devices, which is what keeps the next decision
+/// from buying again.
+fn in_flight<'s>(
+    snap: &'s Snapshot,
+    pools: &HashMap<&str, &'s Pool>,
+    timed: &[bool],
+    out: &mut Decision,
+) -> Vec<(&'s Pool, String)> {
     let mut slots: Vec<(&Pool, String)> = Vec::new();
     let mut per_stage: BTreeMap<(String, Option<crate::model::Stage>), u32> = BTreeMap::new();
-    for (m, _) in snap.machines.iter().zip(&timed).filter(|(_, t)| !**t) {
+    for (m, _) in snap.machines.iter().zip(timed).filter(|(_, t)| !**t) {
         let Some(pool) = pools.get(m.pool.as_str()) else {
             continue;
         };
@@ -394,12 +469,33 @@ pub(crate) fn scale_up(
         .into_iter()
         .map(|((pool, stage), count)| InFlight { pool, stage, count })
         .collect();
+    slots
+}
 
-    let newest = snap.pending.iter().map(|p| p.created).max().unwrap_or(0);
-    let oldest = snap.pending.iter().map(|p| p.created).min().unwrap_or(0);
-    let batch_open = now.saturating_sub(newest) < ms(cfg.batch_idle)
-        && now.saturating_sub(oldest) < ms(cfg.batch_max);
+/// The batching window: the newest and oldest pending pod, and whether pods still wait for
+/// more to join them before anything is bought.
+struct Window {
+    newest: Millis,
+    oldest: Millis,
+    open: bool,
+}
 
+impl Window {
+    fn of(snap: &Snapshot, now: Millis, cfg: &Config) -> Self {
+        let newest = snap.pending.iter().map(|p| p.created).max().unwrap_or(0);
+        let oldest = snap.pending.iter().map(|p| p.created).min().unwrap_or(0);
+        let open = now.saturating_sub(newest) < ms(cfg.batch_idle)
+            && now.saturating_sub(oldest) < ms(cfg.batch_max);
+        Self {
+            newest,
+            oldest,
+            open,
+        }
+    }
+}
+
+/// Pending pods (by index) in first-fit-decreasing order, ties by age then key.
+fn size_order(snap: &Snapshot) -> Vec<usize> {
     let mut order: Vec<usize> = (0..snap.pending.len()).collect();
     order.sort_by(|&a, &b| {
         let (pa, pb) = (&snap.pending[a], &snap.pending[b]);
@@ -408,42 +504,70 @@ pub(crate) fn scale_up(
             .then(pa.created.cmp(&pb.created))
             .then(pa.key.cmp(&pb.key))
     });
+    order
+}
 
-    // Pods with the same class (tolerations, constraints, GPU resource) pass the same static
-    // filters; pods with the same shape (class and resources) fit the same bins. Interned once
-    // so the loops below index vectors instead of hashing keys.
-    let mut shape_ids: HashMap<ShapeKey, usize> = HashMap::new();
-    let mut class_ids: HashMap<ClassKey, usize> = HashMap::new();
-    let mut shape_of = vec![0usize; snap.pending.len()];
-    let mut class_of = vec![0usize; snap.pending.len()];
-    for (i, pod) in snap.pending.iter().enumerate() {
-        let key = shape_key(pod);
-        let next_class = class_ids.len();
-        class_of[i] = match class_ids.get(&key.0) {
-            Some(c) => *c,
-            None => {
-                class_ids.insert(key.0.clone(), next_class);
-                next_class
-            }
-        };
-        let next = shape_ids.len();
-        shape_of[i] = *shape_ids.entry(key).or_insert(next);
+/// Pods with the same class (tolerations, constraints, GPU resource) pass the same static
+/// filters; pods with the same shape (class and resources) fit the same bins. Interned once
+/// so the loops index vectors instead of hashing keys.
+struct Shapes {
+    shape_of: Vec<usize>,
+    class_of: Vec<usize>,
+    n_shapes: usize,
+    n_classes: usize,
+}
+
+impl Shapes {
+    fn intern(snap: &Snapshot) -> Self {
+        let mut shape_ids: HashMap<ShapeKey, usize> = HashMap::new();
+        let mut class_ids: HashMap<ClassKey, usize> = HashMap::new();
+        let mut shape_of = vec![0usize; snap.pending.len()];
+        let mut class_of = vec![0usize; snap.pending.len()];
+        for (i, pod) in snap.pending.iter().enumerate() {
+            let key = shape_key(pod);
+            let next_class = class_ids.len();
+            class_of[i] = match class_ids.get(&key.0) {
+                Some(c) => *c,
+                None => {
+                    class_ids.insert(key.0.clone(), next_class);
+                    next_class
+                }
+            };
+            let next = shape_ids.len();
+            shape_of[i] = *shape_ids.entry(key).or_insert(next);
+        }
+        Self {
+            shape_of,
+            class_of,
+            n_shapes: shape_ids.len(),
+            n_classes: class_ids.len(),
+        }
     }
-    let n_shapes = shape_ids.len();
-    drop(shape_ids);
+}
 
-    // 1. Free capacity on ready nodes. Static feasibility is computed once per class of pods,
-    // and per shape the first node worth trying is remembered: capacity only shrinks during a
-    // decision, so a node that refused a shape refuses it again.
+/// What free capacity on ready nodes takes.
+struct ReadyPlacement {
+    /// Per snapshot node: whether a pending pod was planned onto it.
+    used: Vec<bool>,
+    /// Per pending pod: its plan, for those that fit free capacity.
+    plans: Vec<Option<PodPlan>>,
+    /// The pods (by index, in size order) that did not fit.
+    rest: Vec<usize>,
+}
+
+/// 1. Free capacity on ready nodes. Static feasibility is computed once per class of pods,
+/// and per shape the first node worth trying is remembered: capacity only shrinks during a
+/// decision, so a node that refused a shape refuses it again.
+fn place_on_ready_nodes(snap: &Snapshot, order: &[usize], shapes: &Shapes) -> ReadyPlacement {
     let (mut existing, existing_index) = existing_group(&snap.nodes);
-    let mut used_existing = vec![false; snap.nodes.len()];
-    let mut classes: Vec<Option<Vec<usize>>> = vec![None; class_ids.len()];
-    let mut cursor = vec![0usize; n_shapes];
+    let mut used = vec![false; snap.nodes.len()];
+    let mut classes: Vec<Option<Vec<usize>>> = vec![None; shapes.n_classes];
+    let mut cursor = vec![0usize; shapes.n_shapes];
     let mut plans: Vec<Option<PodPlan>> = vec![None; snap.pending.len()];
     let mut rest: Vec<usize> = Vec::new();
-    for &pi in &order {
+    for &pi in order {
         let pod = &snap.pending[pi];
-        let candidates = classes[class_of[pi]].get_or_insert_with(|| {
+        let candidates = classes[shapes.class_of[pi]].get_or_insert_with(|| {
             existing
                 .bins
                 .iter()
@@ -455,7 +579,7 @@ pub(crate) fn scale_up(
         // Per bin the demand of one ask is fixed (it depends on the bin's replicas) and bins
         // only fill up, so a bin that refused this exact ask refuses it for the rest of the
         // decision: the cursor is sound even across nodes with different replica counts.
-        let start = cursor[shape_of[pi]];
+        let start = cursor[shapes.shape_of[pi]];
         let mut placed = None;
         for (ci, &bi) in candidates.iter().enumerate().skip(start) {
             let req = pod.ask().request(existing.bins[bi].gpu_replicas);
@@ -464,10 +588,10 @@ pub(crate) fn scale_up(
                 break;
             }
         }
-        cursor[shape_of[pi]] = placed.map_or(candidates.len(), |(ci, _)| ci);
+        cursor[shapes.shape_of[pi]] = placed.map_or(candidates.len(), |(ci, _)| ci);
         match placed {
             Some((_, bi)) => {
-                used_existing[existing_index[bi]] = true;
+                used[existing_index[bi]] = true;
                 let node = existing.bins[bi].name.clone();
                 plans[pi] = Some(PodPlan {
                     pod: pod.key.clone(),
@@ -478,16 +602,33 @@ pub(crate) fn scale_up(
             None => rest.push(pi),
         }
     }
+    ReadyPlacement { used, plans, rest }
+}
 
-    // 2. Nodes in flight, then new nodes. Both are chosen by the same packing of the whole
-    // batch (`pack`, below): the in-flight nodes are a limited supply per pool, new
-    // nodes a supply bounded by each pool's room. What is bought is then checked by placing
-    // the batch again over the in-flight nodes plus what was bought, exactly as the next
-    // decision will (it sees the bought nodes as in flight), and bought again for what would
-    // not fit. From an empty start the check reproduces the purchase step for step (see
-    // `pack`), so it passes at once; with older nodes in flight it may take another round.
-    let units = Units::new(&snap.pools);
-    let batch = Batch::new(snap, &rest, &shape_of, n_shapes, &units);
+/// What the packing over nodes in flight and new nodes chose.
+struct Purchase {
+    /// Per pool: new nodes bought.
+    bought: Vec<u32>,
+    /// Per pool: the pods that opened each bought node.
+    openers: Vec<Vec<String>>,
+    /// Per pending pod: pool index, slot name, whether the node is bought by this decision.
+    place: Vec<Option<(usize, String, bool)>>,
+}
+
+/// 2. Nodes in flight, then new nodes. Both are chosen by the same packing of the whole
+/// batch (`pack`, below): the in-flight nodes are a limited supply per pool, new
+/// nodes a supply bounded by each pool's room. What is bought is then checked by placing
+/// the batch again over the in-flight nodes plus what was bought, exactly as the next
+/// decision will (it sees the bought nodes as in flight), and bought again for what would
+/// not fit. From an empty start the check reproduces the purchase step for step (see
+/// `pack`), so it passes at once; with older nodes in flight it may take another round.
+fn buy(
+    snap: &Snapshot,
+    batch: &Batch<'_>,
+    rest: &[usize],
+    slots: &[(&Pool, String)],
+    backed_off: &[Option<&crate::model::Backoff>],
+) -> Purchase {
     let npools = snap.pools.len();
     let pool_index: HashMap<&str, usize> = snap
         .pools
@@ -496,7 +637,7 @@ pub(crate) fn scale_up(
         .map(|(j, p)| (p.name.as_str(), j))
         .collect();
     let mut slot_names: Vec<Vec<String>> = vec![Vec::new(); npools];
-    for (p, n) in &slots {
+    for (p, n) in slots {
         if let Some(&j) = pool_index.get(p.name.as_str()) {
             slot_names[j].push(n.clone());
         }
@@ -504,14 +645,8 @@ pub(crate) fn scale_up(
     for s in &mut slot_names {
         s.sort();
     }
-    let backed_off: Vec<Option<&crate::model::Backoff>> = snap
-        .pools
-        .iter()
-        .map(|p| state.backoff.get(&p.name).filter(|b| b.until > now))
-        .collect();
     let mut bought = vec![0u32; npools];
     let mut openers: Vec<Vec<String>> = vec![Vec::new(); npools];
-    // Per pending pod: pool index, slot name, whether the node is bought by this decision.
     let mut final_place: Vec<Option<(usize, String, bool)>> = vec![None; snap.pending.len()];
     const ROUNDS: usize = 6;
     for round in 0..ROUNDS {
@@ -521,10 +656,10 @@ pub(crate) fn scale_up(
                 u32::try_from(slot_names[j].len()).map_or(u32::MAX, |n| n.saturating_add(bought[j]))
             })
             .collect();
-        let placed = pack(&snap.pools, &mut supply, &batch, &mut left);
+        let placed = pack(&snap.pools, &mut supply, batch, &mut left);
         let mut cursor = vec![0usize; batch.pods.len()];
         let mut used = vec![0usize; npools];
-        for &pi in &rest {
+        for &pi in rest {
             final_place[pi] = None;
         }
         for (j, took) in placed {
@@ -559,7 +694,7 @@ pub(crate) fn scale_up(
                 }
             })
             .collect();
-        let buys = pack(&snap.pools, &mut room, &batch, &mut left);
+        let buys = pack(&snap.pools, &mut room, batch, &mut left);
         if buys.is_empty() {
             break;
         }
@@ -573,7 +708,33 @@ pub(crate) fn scale_up(
             }
         }
     }
+    Purchase {
+        bought,
+        openers,
+        place: final_place,
+    }
+}
 
+/// What [`explain_rest`] reads besides the snapshot.
+struct ExplainInputs<'a, 'p> {
+    batch: &'a Batch<'p>,
+    shapes: &'a Shapes,
+    purchase: &'a Purchase,
+    backed_off: &'a [Option<&'a crate::model::Backoff>],
+    now: Millis,
+    batch_open: bool,
+}
+
+/// The plans of the pods free capacity did not take (`rest`), into `plans`; returns, per pool,
+/// the pods that new nodes of the pool are bought for.
+fn explain_rest(
+    snap: &Snapshot,
+    inp: &ExplainInputs<'_, '_>,
+    rest: &[usize],
+    plans: &mut [Option<PodPlan>],
+) -> Vec<Vec<String>> {
+    let npools = snap.pools.len();
+    let (batch, bought, now) = (inp.batch, &inp.purchase.bought, inp.now);
     // Why a pool is not the one a pod of shape `k` goes to, if it cannot be.
     let why = |j: usize, k: usize| -> Option<String> {
         let pool = &snap.pools[j];
@@ -582,7 +743,7 @@ pub(crate) fn scale_up(
         } else if pool.replicas.saturating_add(bought[j]) >= pool.max {
             Some(format!("at its maximum size {}", pool.max))
         } else {
-            backed_off[j].map(|b| {
+            inp.backed_off[j].map(|b| {
                 format!(
                     "backed off for {} more after {} timed-out node(s)",
                     human(b.until - now),
@@ -591,18 +752,18 @@ pub(crate) fn scale_up(
             })
         }
     };
-    let mut shape_in_batch = vec![usize::MAX; n_shapes];
+    let mut shape_in_batch = vec![usize::MAX; inp.shapes.n_shapes];
     for (k, members) in batch.pods.iter().enumerate() {
         if let Some(&pi) = members.first() {
-            shape_in_batch[shape_of[pi]] = k;
+            shape_in_batch[inp.shapes.shape_of[pi]] = k;
         }
     }
     let mut other_pools: HashMap<(usize, usize), String> = HashMap::new();
     let mut for_pool: Vec<Vec<String>> = vec![Vec::new(); npools];
-    for &pi in &rest {
+    for &pi in rest {
         let pod = &snap.pending[pi];
-        let k = shape_in_batch[shape_of[pi]];
-        plans[pi] = Some(match &final_place[pi] {
+        let k = shape_in_batch[inp.shapes.shape_of[pi]];
+        plans[pi] = Some(match &inp.purchase.place[pi] {
             Some((j, slot, false)) => {
                 let pool = &snap.pools[*j].name;
                 PodPlan {
@@ -616,7 +777,7 @@ pub(crate) fn scale_up(
             }
             Some((j, _, true)) => {
                 for_pool[*j].push(pod.key.clone());
-                let mut plan = new_plan(pod, &snap.pools[*j].name, batch_open);
+                let mut plan = new_plan(pod, &snap.pools[*j].name, inp.batch_open);
                 let others = other_pools.entry((*j, k)).or_insert_with(|| {
                     (0..npools)
                         .filter(|&o| o != *j)
@@ -645,55 +806,45 @@ pub(crate) fn scale_up(
             }
         });
     }
+    for_pool
+}
 
-    // Scale-ups: one per pool, by the number of new nodes bought for it.
-    if !batch_open {
-        for (j, pool) in snap.pools.iter().enumerate() {
-            let n = bought[j];
-            if n == 0 {
-                continue;
-            }
-            let pods = std::mem::take(&mut for_pool[j]);
-            let to = pool.replicas + n;
-            out.scale_ups.push(ScaleUp {
-                pool: pool.name.clone(),
-                from: pool.replicas,
-                to,
-                message: format!(
-                    "triggered scale-up of pool {} by {n} node{} ({} -> {to}) for {} pending pod{}: {}",
-                    pool.name,
-                    if n == 1 { "" } else { "s" },
-                    pool.replicas,
-                    pods.len(),
-                    if pods.len() == 1 { "" } else { "s" },
-                    abbreviate(&pods)
-                ),
-                pods,
-                triggered_by: std::mem::take(&mut openers[j]),
-            });
+/// Scale-ups: one per pool, by the number of new nodes bought for it.
+fn push_scale_ups(
+    snap: &Snapshot,
+    bought: &[u32],
+    for_pool: &mut [Vec<String>],
+    openers: &mut [Vec<String>],
+    out: &mut Decision,
+) {
+    for (j, pool) in snap.pools.iter().enumerate() {
+        let n = bought[j];
+        if n == 0 {
+            continue;
         }
-    }
-    for su in &out.scale_ups {
-        out.events.push(Event {
-            target: Target::Pool(su.pool.clone()),
-            reason: "TriggeredScaleUp".into(),
-            message: su.message.clone(),
-            warning: false,
+        let pods = std::mem::take(&mut for_pool[j]);
+        let to = pool.replicas + n;
+        out.scale_ups.push(ScaleUp {
+            pool: pool.name.clone(),
+            from: pool.replicas,
+            to,
+            message: format!(
+                "triggered scale-up of pool {} by {n} node{} ({} -> {to}) for {} pending pod{}: {}",
+                pool.name,
+                if n == 1 { "" } else { "s" },
+                pool.replicas,
+                pods.len(),
+                if pods.len() == 1 { "" } else { "s" },
+                abbreviate(&pods)
+            ),
+            pods,
+            triggered_by: std::mem::take(&mut openers[j]),
         });
     }
-    out.plans = plans.into_iter().flatten().collect();
-    // Pods waiting for the window: it closes with no change in the cluster to wake the caller.
-    if out
-        .plans
-        .iter()
-        .any(|p| matches!(p.plan, Plan::Waiting { .. }))
-    {
-        let closes = newest
-            .saturating_add(ms(cfg.batch_idle))
-            .min(oldest.saturating_add(ms(cfg.batch_max)));
-        out.batch_closes_in = Some(std::time::Duration::from_millis(closes.saturating_sub(now)));
-    }
-    // Pod events only when the explanation changed.
+}
+
+/// Pod events, only when the explanation changed.
+fn explain_pods(snap: &Snapshot, state: &mut State, out: &mut Decision) {
     let pending: std::collections::HashSet<&str> =
         snap.pending.iter().map(|p| p.key.as_str()).collect();
     state.explained.retain(|k, _| pending.contains(k.as_str()));
@@ -717,7 +868,6 @@ pub(crate) fn scale_up(
             warning,
         });
     }
-    used_existing
 }
 
 /// The resources of a pod: with its class, everything that decides whether it fits a bin.

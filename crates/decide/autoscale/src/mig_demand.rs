@@ -467,6 +467,9 @@ fn node_blocked(n: &MigNode, mem: &MigMemory, now: Millis, cfg: &MigConfig) -> O
 
 /// One MIG demand decision. `pods` are the pending pods asking for MIG devices; `pools` the
 /// pools new MIG nodes can come from (empty: re-partitioning only).
+///
+/// Gather (failures and changes remembered, free instances, the batch), choose (re-partition
+/// free capacity, then buy new nodes), and build the outcome (changes, scale-ups, pods left).
 pub fn decide_mig(
     nodes: &[MigNode],
     pods: &[MigPod],
@@ -476,7 +479,43 @@ pub fn decide_mig(
     cfg: &MigConfig,
 ) -> MigDecision {
     let mut out = MigDecision::default();
-    // Failures: remembered while failed and through the back-off after recovery.
+    remember(nodes, mem, now, cfg);
+    let demand_pods = serve_from_free(nodes, pods, &mut out);
+    let acted = close_batch(pods, &demand_pods, now, cfg, &mut out);
+    if acted.is_empty() {
+        return out;
+    }
+    let mut demand = Demand::of(pods, &acted);
+    let mut planner = Planner::default();
+    repartition(
+        nodes,
+        pods,
+        &mut demand,
+        &mut planner,
+        mem,
+        now,
+        cfg,
+        &mut out,
+    );
+    buy_nodes(pools, pods, &mut demand, &mut planner, &mut out);
+    for q in demand.queues.values() {
+        for &pi in q {
+            out.unserved.push((
+                pods[pi].key.clone(),
+                format!(
+                    "no MIG node can be re-partitioned for {}x {} and no pool can add one",
+                    pods[pi].count.max(1),
+                    pods[pi].profile
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// Failures: remembered while failed and through the back-off after recovery; changes through
+/// the minimum interval, while their node exists.
+fn remember(nodes: &[MigNode], mem: &mut MigMemory, now: Millis, cfg: &MigConfig) {
     for n in nodes {
         if n.state == MigNodeState::Failed {
             mem.failed_at.entry(n.name.clone()).or_insert(now);
@@ -492,9 +531,12 @@ pub fn decide_mig(
     mem.last_change.retain(|name, at| {
         now.saturating_sub(*at) < ms(cfg.min_interval) && nodes.iter().any(|n| &n.name == name)
     });
+}
 
-    // 1. Free instances the scheduler can bind now or once a launched node or a change under
-    // way is done, on nodes with room for the pod.
+/// 1. Free instances the scheduler can bind now or once a launched node or a change under
+/// way is done, on nodes with room for the pod. Fills `out.served_by_free`; returns the pods
+/// (by index, oldest first) that free instances do not serve.
+fn serve_from_free(nodes: &[MigNode], pods: &[MigPod], out: &mut MigDecision) -> Vec<usize> {
     struct Room {
         free: BTreeMap<String, u64>,
         cpu: u64,
@@ -568,9 +610,19 @@ pub fn decide_mig(
             None => demand_pods.push(pi),
         }
     }
+    demand_pods
+}
 
-    // 2. The batch: demand counts once it persisted for the idle window; the batch closes when
-    // nothing newer arrived for that long, or the oldest waited the maximum.
+/// 2. The batch: demand counts once it persisted for the idle window; the batch closes when
+/// nothing newer arrived for that long, or the oldest waited the maximum. Fills `out.waiting`;
+/// returns the pods to act for.
+fn close_batch(
+    pods: &[MigPod],
+    demand_pods: &[usize],
+    now: Millis,
+    cfg: &MigConfig,
+    out: &mut MigDecision,
+) -> Vec<usize> {
     let idle = ms(cfg.batch_idle);
     let newest = demand_pods.iter().map(|&i| pods[i].created).max();
     let oldest = demand_pods.iter().map(|&i| pods[i].created).min();
@@ -581,48 +633,62 @@ pub fn decide_mig(
         _ => false,
     };
     let mut acted = Vec::new();
-    for &pi in &demand_pods {
+    for &pi in demand_pods {
         if closed && now.saturating_sub(pods[pi].created) >= idle {
             acted.push(pi);
         } else {
             out.waiting.push(pods[pi].key.clone());
         }
     }
-    if acted.is_empty() {
-        return out;
-    }
+    acted
+}
 
-    // 3. Demand by profile, largest first, in arrival order within a profile. The slice size
-    // comes from any model offering the profile (names carry the memory, so sizes agree).
-    let size_of = |profile: &str| -> u32 {
-        gpuops_catalog::models()
-            .iter()
-            .map(|m| slices(m, profile))
-            .max()
-            .unwrap_or(0)
-    };
-    let mut queues: BTreeMap<String, VecDeque<usize>> = BTreeMap::new();
-    for &pi in &acted {
-        queues
-            .entry(pods[pi].profile.clone())
-            .or_default()
-            .push_back(pi);
+impl Demand {
+    /// 3. Demand by profile, largest first, in arrival order within a profile. The slice size
+    /// comes from any model offering the profile (names carry the memory, so sizes agree).
+    fn of(pods: &[MigPod], acted: &[usize]) -> Self {
+        let size_of = |profile: &str| -> u32 {
+            gpuops_catalog::models()
+                .iter()
+                .map(|m| slices(m, profile))
+                .max()
+                .unwrap_or(0)
+        };
+        let mut queues: BTreeMap<String, VecDeque<usize>> = BTreeMap::new();
+        for &pi in acted {
+            queues
+                .entry(pods[pi].profile.clone())
+                .or_default()
+                .push_back(pi);
+        }
+        let mut profiles: Vec<String> = queues.keys().cloned().collect();
+        profiles.sort_by(|a, b| size_of(b).cmp(&size_of(a)).then(a.cmp(b)));
+        Demand {
+            order: profiles,
+            queues,
+        }
     }
-    let mut profiles: Vec<String> = queues.keys().cloned().collect();
-    profiles.sort_by(|a, b| size_of(b).cmp(&size_of(a)).then(a.cmp(b)));
-    let mut demand = Demand {
-        order: profiles,
-        queues,
-    };
+}
 
-    // 4. Re-partition free capacity, cheaper nodes first.
+/// 4. Re-partition free capacity, cheaper nodes first; one change per node that serves at
+/// least one pending pod.
+#[allow(clippy::too_many_arguments)] // the decision's inputs, passed through from decide_mig
+fn repartition(
+    nodes: &[MigNode],
+    pods: &[MigPod],
+    demand: &mut Demand,
+    planner: &mut Planner,
+    mem: &mut MigMemory,
+    now: Millis,
+    cfg: &MigConfig,
+    out: &mut MigDecision,
+) {
     let mut candidates: Vec<&MigNode> = nodes.iter().collect();
     candidates.sort_by(|a, b| {
         a.price_per_hour
             .total_cmp(&b.price_per_hour)
             .then(a.name.cmp(&b.name))
     });
-    let mut planner = Planner::default();
     for n in candidates {
         if demand.is_empty() {
             break;
@@ -641,58 +707,7 @@ pub fn decide_mig(
         if n.in_flight || node_blocked(n, mem, now, cfg).is_some() {
             continue;
         }
-        let mut per_gpu: Vec<(bool, BTreeMap<String, u32>)> = n
-            .gpus
-            .iter()
-            .map(|g| {
-                let mut c = BTreeMap::new();
-                for i in &g.instances {
-                    *c.entry(i.profile.clone()).or_insert(0) += 1;
-                }
-                (g.mig_enabled, c)
-            })
-            .collect();
-        let mut plans = Vec::new();
-        let mut served = Vec::new();
-        let mut budget = (n.cpu_free_milli, n.memory_free_mib);
-        for (gi, g) in n.gpus.iter().enumerate() {
-            if demand.is_empty() {
-                break;
-            }
-            if !g.mig_enabled {
-                // Ampere needs a GPU reset to turn MIG on: only GPUs already in MIG mode are
-                // re-partitioned there. A whole GPU with running work is never touched.
-                if g.busy || model.family == Family::Ampere {
-                    continue;
-                }
-            }
-            let busy = Layout::new(
-                g.instances
-                    .iter()
-                    .filter(|i| i.busy)
-                    .map(|i| Instance::new(i.profile.clone(), i.start))
-                    .collect(),
-            );
-            let free_before: Vec<String> = g
-                .instances
-                .iter()
-                .filter(|i| !i.busy)
-                .map(|i| i.profile.clone())
-                .collect();
-            if let Some((placed, wanted, plan)) = fill_gpu(
-                &mut planner,
-                model,
-                &busy,
-                &free_before,
-                &mut demand,
-                pods,
-                &mut budget,
-            ) {
-                per_gpu[gi] = (true, wanted);
-                plans.push((u32::try_from(gi).unwrap_or(u32::MAX), plan));
-                served.extend(placed.into_iter().map(|pi| pods[pi].key.clone()));
-            }
-        }
+        let (per_gpu, plans, served) = repartition_node(n, model, pods, demand, planner);
         // A change must serve at least one pending pod.
         if served.is_empty() {
             continue;
@@ -719,9 +734,84 @@ pub fn decide_mig(
             pods: served,
         });
     }
+}
 
-    // 5. What re-partitioning cannot serve: new nodes of the cheapest pool offering the
-    // profile, bought with the layout the pods need.
+/// Per-GPU MIG mode and profile counts: the shape a node's config is written from.
+type PerGpu = Vec<(bool, BTreeMap<String, u32>)>;
+
+/// One node's GPUs filled from `demand` around their busy instances: the node's resulting
+/// per-GPU counts, the plan of each GPU changed, and the pods served.
+fn repartition_node(
+    n: &MigNode,
+    model: &'static GpuModel,
+    pods: &[MigPod],
+    demand: &mut Demand,
+    planner: &mut Planner,
+) -> (PerGpu, Vec<(u32, Plan)>, Vec<String>) {
+    let mut per_gpu: PerGpu = n
+        .gpus
+        .iter()
+        .map(|g| {
+            let mut c = BTreeMap::new();
+            for i in &g.instances {
+                *c.entry(i.profile.clone()).or_insert(0) += 1;
+            }
+            (g.mig_enabled, c)
+        })
+        .collect();
+    let mut plans = Vec::new();
+    let mut served = Vec::new();
+    let mut budget = (n.cpu_free_milli, n.memory_free_mib);
+    for (gi, g) in n.gpus.iter().enumerate() {
+        if demand.is_empty() {
+            break;
+        }
+        if !g.mig_enabled {
+            // Ampere needs a GPU reset to turn MIG on: only GPUs already in MIG mode are
+            // re-partitioned there. A whole GPU with running work is never touched.
+            if g.busy || model.family == Family::Ampere {
+                continue;
+            }
+        }
+        let busy = Layout::new(
+            g.instances
+                .iter()
+                .filter(|i| i.busy)
+                .map(|i| Instance::new(i.profile.clone(), i.start))
+                .collect(),
+        );
+        let free_before: Vec<String> = g
+            .instances
+            .iter()
+            .filter(|i| !i.busy)
+            .map(|i| i.profile.clone())
+            .collect();
+        if let Some((placed, wanted, plan)) = fill_gpu(
+            planner,
+            model,
+            &busy,
+            &free_before,
+            demand,
+            pods,
+            &mut budget,
+        ) {
+            per_gpu[gi] = (true, wanted);
+            plans.push((u32::try_from(gi).unwrap_or(u32::MAX), plan));
+            served.extend(placed.into_iter().map(|pi| pods[pi].key.clone()));
+        }
+    }
+    (per_gpu, plans, served)
+}
+
+/// 5. What re-partitioning cannot serve: new nodes of the cheapest pool offering the
+/// profile, bought with the layout the pods need.
+fn buy_nodes(
+    pools: &[MigPool],
+    pods: &[MigPod],
+    demand: &mut Demand,
+    planner: &mut Planner,
+    out: &mut MigDecision,
+) {
     let mut pools_sorted: Vec<&MigPool> = pools.iter().collect();
     pools_sorted.sort_by(|a, b| {
         a.price_per_hour
@@ -735,103 +825,112 @@ pub fn decide_mig(
         let Some(model) = model_of(&pool.model).filter(|m| m.mig_capable()) else {
             continue;
         };
-        let mut bought = 0u32;
-        let mut served = Vec::new();
-        let mut layouts: Vec<Vec<BTreeMap<String, u32>>> = Vec::new();
-        while bought < pool.room && !demand.is_empty() {
-            let mut node_layout = Vec::new();
-            let mut node_served = Vec::new();
-            let mut budget = (pool.cpu_milli, pool.memory_mib);
-            for _ in 0..pool.gpus {
-                match fill_gpu(
-                    &mut planner,
-                    model,
-                    &Layout::default(),
-                    &[],
-                    &mut demand,
-                    pods,
-                    &mut budget,
-                ) {
-                    Some((placed, wanted, _)) => {
-                        node_served.extend(placed.into_iter().map(|pi| pods[pi].key.clone()));
-                        node_layout.push(wanted);
-                    }
-                    None => node_layout.push(BTreeMap::new()),
-                }
-            }
-            if node_served.is_empty() {
-                break;
-            }
-            bought += 1;
-            served.extend(node_served);
-            layouts.push(node_layout);
-        }
+        let (bought, served, layouts) = fill_new_nodes(pool, model, pods, demand, planner);
         if bought == 0 {
             continue;
         }
-        // One config for all new nodes: the per-GPU maximum of each profile over them, which
-        // serves every node's share (they are interchangeable to the scheduler).
-        let gpus = pool.gpus as usize;
-        let mut layout: Vec<BTreeMap<String, u32>> = vec![BTreeMap::new(); gpus];
-        for l in &layouts {
-            for (g, d) in l.iter().enumerate() {
-                if d.values().sum::<u32>() > layout[g].values().sum::<u32>() {
-                    layout[g] = d.clone();
+        out.scale_ups
+            .push(pool_scale_up(pool, bought, served, &layouts));
+    }
+}
+
+/// Empty nodes of `pool` filled from `demand` while the pool has room and each new node
+/// serves a pod: how many, the pods served, and each node's per-GPU counts.
+fn fill_new_nodes(
+    pool: &MigPool,
+    model: &'static GpuModel,
+    pods: &[MigPod],
+    demand: &mut Demand,
+    planner: &mut Planner,
+) -> (u32, Vec<String>, Vec<Vec<BTreeMap<String, u32>>>) {
+    let mut bought = 0u32;
+    let mut served = Vec::new();
+    let mut layouts: Vec<Vec<BTreeMap<String, u32>>> = Vec::new();
+    while bought < pool.room && !demand.is_empty() {
+        let mut node_layout = Vec::new();
+        let mut node_served = Vec::new();
+        let mut budget = (pool.cpu_milli, pool.memory_mib);
+        for _ in 0..pool.gpus {
+            match fill_gpu(
+                planner,
+                model,
+                &Layout::default(),
+                &[],
+                demand,
+                pods,
+                &mut budget,
+            ) {
+                Some((placed, wanted, _)) => {
+                    node_served.extend(placed.into_iter().map(|pi| pods[pi].key.clone()));
+                    node_layout.push(wanted);
                 }
+                None => node_layout.push(BTreeMap::new()),
             }
         }
-        let needs: BTreeMap<String, u32> = layouts.iter().fold(BTreeMap::new(), |mut acc, l| {
-            for d in l {
-                for (k, v) in d {
-                    *acc.entry(k.clone()).or_insert(0) += v;
-                }
-            }
-            acc
-        });
-        let default_serves = pool.default_config.as_ref().filter(|(_, d)| {
-            needs.iter().all(|(k, v)| {
-                let per_node: u32 = d.iter().map(|g| g.get(k).copied().unwrap_or(0)).sum();
-                per_node * bought >= *v
-            })
-        });
-        let (config_name_s, layout) = match default_serves {
-            Some((name, d)) => (name.clone(), d.clone()),
-            None => {
-                let per_gpu: Vec<(bool, BTreeMap<String, u32>)> =
-                    layout.iter().map(|d| (true, d.clone())).collect();
-                (config_name("gpuops", &per_gpu), layout)
-            }
-        };
-        let per_gpu: Vec<(bool, BTreeMap<String, u32>)> =
-            layout.iter().map(|d| (true, d.clone())).collect();
-        out.scale_ups.push(MigScaleUp {
-            pool: pool.name.clone(),
-            nodes: bought,
-            config: named_config(&config_name_s, &per_gpu),
-            message: format!(
-                "no free MIG capacity can be re-partitioned for {} pod(s): buying {bought} node(s) of pool {} with MIG config {config_name_s} ({})",
-                served.len(),
-                pool.name,
-                describe(&per_gpu)
-            ),
-            config_name: config_name_s,
-            layout,
-            pods: served,
-        });
+        if node_served.is_empty() {
+            break;
+        }
+        bought += 1;
+        served.extend(node_served);
+        layouts.push(node_layout);
     }
-    for q in demand.queues.values() {
-        for &pi in q {
-            out.unserved.push((
-                pods[pi].key.clone(),
-                format!(
-                    "no MIG node can be re-partitioned for {}x {} and no pool can add one",
-                    pods[pi].count.max(1),
-                    pods[pi].profile
-                ),
-            ));
+    (bought, served, layouts)
+}
+
+/// The scale-up of `pool` by `bought` nodes with the per-node `layouts` they were filled with.
+fn pool_scale_up(
+    pool: &MigPool,
+    bought: u32,
+    served: Vec<String>,
+    layouts: &[Vec<BTreeMap<String, u32>>],
+) -> MigScaleUp {
+    // One config for all new nodes: the per-GPU maximum of each profile over them, which
+    // serves every node's share (they are interchangeable to the scheduler).
+    let gpus = pool.gpus as usize;
+    let mut layout: Vec<BTreeMap<String, u32>> = vec![BTreeMap::new(); gpus];
+    for l in layouts {
+        for (g, d) in l.iter().enumerate() {
+            if d.values().sum::<u32>() > layout[g].values().sum::<u32>() {
+                layout[g] = d.clone();
+            }
         }
     }
-    out
+    let needs: BTreeMap<String, u32> = layouts.iter().fold(BTreeMap::new(), |mut acc, l| {
+        for d in l {
+            for (k, v) in d {
+                *acc.entry(k.clone()).or_insert(0) += v;
+            }
+        }
+        acc
+    });
+    let default_serves = pool.default_config.as_ref().filter(|(_, d)| {
+        needs.iter().all(|(k, v)| {
+            let per_node: u32 = d.iter().map(|g| g.get(k).copied().unwrap_or(0)).sum();
+            per_node * bought >= *v
+        })
+    });
+    let (config_name_s, layout) = match default_serves {
+        Some((name, d)) => (name.clone(), d.clone()),
+        None => {
+            let per_gpu: PerGpu = layout.iter().map(|d| (true, d.clone())).collect();
+            (config_name("gpuops", &per_gpu), layout)
+        }
+    };
+    let per_gpu: PerGpu = layout.iter().map(|d| (true, d.clone())).collect();
+    MigScaleUp {
+        pool: pool.name.clone(),
+        nodes: bought,
+        config: named_config(&config_name_s, &per_gpu),
+        message: format!(
+            "no free MIG capacity can be re-partitioned for {} pod(s): buying {bought} node(s) of pool {} with MIG config {config_name_s} ({})",
+            served.len(),
+            pool.name,
+            describe(&per_gpu)
+        ),
+        config_name: config_name_s,
+        layout,
+        pods: served,
+    }
 }
 
 #[cfg(test)]
