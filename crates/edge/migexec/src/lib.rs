@@ -12,7 +12,23 @@ use gpuops_mig::hooks::{HookPoint, Hooks};
 use gpuops_mig::layout::{Instance, gi_profile_of};
 use gpuops_nvml::{Gpus, MigModeChange, NvmlError, PlacementSlot};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+/// What a failure asks of whoever drives the apply (the agent's MIG flow decides by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    /// May pass on its own (a busy device, a hook, a file being replaced, an apply cut short):
+    /// try again later.
+    Retryable,
+    /// The config, the hooks file or what they ask of this node's GPUs is wrong: the same
+    /// config fails the same way, only a new one can succeed.
+    Config,
+    /// The GPU or its driver refuses or is gone (lost GPU, driver not loaded, reset required):
+    /// someone has to look at the node; trying again soon only repeats the failure.
+    Hardware,
+}
 
 /// Failures while applying.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +85,56 @@ pub enum ExecError {
         path: String,
         error: std::io::Error,
     },
+    /// [`Options::cancel`] was set: the apply stopped before its next driver call.
+    #[error(
+        "stopped before its next driver call after {changes} changes (cancelled); the checkpoint lets the next apply finish"
+    )]
+    Cancelled { changes: usize },
+}
+
+impl ExecError {
+    /// Whether to retry, wait for a new config, or report the node.
+    pub fn category(&self) -> Category {
+        match self {
+            ExecError::Nvml { source, .. } | ExecError::Snapshot(source) => nvml_category(source),
+            ExecError::Profile(_)
+            | ExecError::Mig(_)
+            | ExecError::HookStart { .. }
+            | ExecError::NoCheckpoint(_) => Category::Config,
+            // A checkpoint that does not parse will not parse next time either, and no config
+            // changes it: someone has to look at the node.
+            ExecError::Checkpoint(_) => Category::Hardware,
+            ExecError::Busy(_)
+            | ExecError::HookFailed { .. }
+            | ExecError::ReadCheckpoint { .. }
+            | ExecError::WriteCheckpoint(_)
+            | ExecError::NotConverged(_)
+            | ExecError::Read { .. }
+            | ExecError::Cancelled { .. } => Category::Retryable,
+        }
+    }
+}
+
+/// What a driver error asks for: a busy or slow driver may answer next time; a lost GPU, a
+/// driver that is not there or refuses outright will not.
+fn nvml_category(e: &NvmlError) -> Category {
+    use gpuops_nvml::raw_codes::{IN_USE, INSUFFICIENT_RESOURCES, NOT_FOUND, TIMEOUT};
+    match e {
+        NvmlError::GpuLost { .. }
+        | NvmlError::LibraryNotLoaded { .. }
+        | NvmlError::Init { .. }
+        | NvmlError::NotSupported { .. } => Category::Hardware,
+        NvmlError::Call { code, .. } => match code {
+            // In use by a client, timed out, a slot an interrupted apply still holds, an
+            // instance gone between listing and destroying it.
+            Some(IN_USE | TIMEOUT | INSUFFICIENT_RESOURCES | NOT_FOUND) | None => {
+                Category::Retryable
+            }
+            // Permissions, driver not loaded, reset required, argument mismatches: the node's
+            // driver, not the moment.
+            Some(_) => Category::Hardware,
+        },
+    }
 }
 
 /// Reads a mig-parted config file (`-`: stdin), taking the ConfigMap named `configmap` when the
@@ -119,8 +185,20 @@ pub struct Options {
     pub force: bool,
     /// Pause between driver calls (tests use it to kill an apply half-way).
     pub step_delay: Option<Duration>,
-    /// Exit abruptly (as if killed) before the change after this many (fault injection for tests).
+    /// Exit abruptly (as if killed) before the change after this many (fault injection for tests;
+    /// it ends the whole process, so a long-running caller such as the agent never sets it).
     pub crash_after: Option<usize>,
+    /// Set by the caller to stop the apply before its next driver call ([`ExecError::Cancelled`]):
+    /// a driver call cannot be interrupted, but nothing new is started once the caller gave up.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl Options {
+    fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+    }
 }
 
 /// What an apply did.
@@ -132,7 +210,12 @@ pub struct Outcome {
 }
 
 /// Applies the plans. Never resets a GPU; reports mode changes that need one.
-pub fn execute(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome, ExecError> {
+pub fn execute(
+    gpus: &Gpus,
+    plans: &[GpuPlan],
+    opts: &Options,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Outcome, ExecError> {
     let blocked: Vec<String> = plans
         .iter()
         .flat_map(|p| {
@@ -145,16 +228,23 @@ pub fn execute(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome
         return Err(ExecError::Busy(blocked));
     }
     run_hooks(opts, HookPoint::ApplyStart)?;
-    let result = apply_steps(gpus, plans, opts);
+    let result = apply_steps(gpus, plans, opts, progress);
     let exit = run_hooks(opts, HookPoint::ApplyExit);
     let outcome = result?;
     exit?;
     Ok(outcome)
 }
 
-fn apply_steps(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome, ExecError> {
+fn apply_steps(
+    gpus: &Gpus,
+    plans: &[GpuPlan],
+    opts: &Options,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Outcome, ExecError> {
     let mut outcome = Outcome::default();
-    let step = |outcome: &mut Outcome| {
+    // Before every driver change: the test knobs, and the caller's cancel (checked again after
+    // the delay, so a cancel during it stops the change that was about to follow).
+    let step = |outcome: &mut Outcome| -> Result<(), ExecError> {
         if opts.crash_after.is_some_and(|n| outcome.nvml_changes >= n) {
             eprintln!(
                 "crashing on purpose after {} changes (--crash-after)",
@@ -162,20 +252,30 @@ fn apply_steps(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome
             );
             std::process::exit(137);
         }
-        outcome.nvml_changes += 1;
+        let stop = |outcome: &Outcome| ExecError::Cancelled {
+            changes: outcome.nvml_changes,
+        };
+        if opts.cancelled() {
+            return Err(stop(outcome));
+        }
         if let Some(d) = opts.step_delay {
             std::thread::sleep(d);
+            if opts.cancelled() {
+                return Err(stop(outcome));
+            }
         }
+        outcome.nvml_changes += 1;
+        Ok(())
     };
     if plans.iter().any(GpuPlan::mode_changes) {
         run_hooks(opts, HookPoint::PreApplyMode)?;
         for p in plans.iter().filter(|p| p.mode_changes()) {
             if !p.mode_to {
                 // Instances must go before MIG can be turned off.
-                remove_leftovers(gpus, p.gpu, &mut || step(&mut outcome))?;
+                remove_leftovers(gpus, p.gpu, &mut || step(&mut outcome), progress)?;
                 destroy(gpus, p, &p.before.instances, &mut || step(&mut outcome))?;
             }
-            step(&mut outcome);
+            step(&mut outcome)?;
             match gpus
                 .set_mig_mode(p.gpu, p.mode_to)
                 .map_err(nvml(format!("setting MIG mode on GPU {}", p.gpu)))?
@@ -200,7 +300,7 @@ fn apply_steps(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome
         run_hooks(opts, HookPoint::PreApplyConfig)?;
     }
     for p in changing {
-        remove_leftovers(gpus, p.gpu, &mut || step(&mut outcome))?;
+        remove_leftovers(gpus, p.gpu, &mut || step(&mut outcome), progress)?;
         destroy(gpus, p, &p.plan.destroy, &mut || step(&mut outcome))?;
         for inst in &p.plan.create {
             create(gpus, p, inst, &mut || step(&mut outcome))?;
@@ -210,7 +310,12 @@ fn apply_steps(gpus: &Gpus, plans: &[GpuPlan], opts: &Options) -> Result<Outcome
 }
 
 /// Destroys GPU instances an interrupted apply left without a compute instance.
-fn remove_leftovers(gpus: &Gpus, gpu: u32, step: &mut dyn FnMut()) -> Result<(), ExecError> {
+fn remove_leftovers(
+    gpus: &Gpus,
+    gpu: u32,
+    step: &mut dyn FnMut() -> Result<(), ExecError>,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(), ExecError> {
     if !gpus
         .mig_mode_enabled(gpu)
         .map_err(nvml(format!("reading the MIG mode of GPU {gpu}")))?
@@ -221,10 +326,11 @@ fn remove_leftovers(gpus: &Gpus, gpu: u32, step: &mut dyn FnMut()) -> Result<(),
         .empty_gpu_instances(gpu)
         .map_err(nvml(format!("listing the GPU instances of GPU {gpu}")))?
     {
-        println!(
-            "GPU {gpu}: removing GPU instance {gi}, left without a compute instance by an interrupted apply"
-        );
-        step();
+        progress(Progress::RemovingLeftover {
+            gpu,
+            gpu_instance: gi,
+        });
+        step()?;
         gpus.destroy_gpu_instance(gpu, gi).map_err(nvml(format!(
             "removing leftover GPU instance {gi} on GPU {gpu}"
         )))?;
@@ -236,7 +342,7 @@ fn destroy(
     gpus: &Gpus,
     p: &GpuPlan,
     instances: &[Instance],
-    step: &mut dyn FnMut(),
+    step: &mut dyn FnMut() -> Result<(), ExecError>,
 ) -> Result<(), ExecError> {
     if instances.is_empty() {
         return Ok(());
@@ -253,7 +359,7 @@ fn destroy(
         else {
             continue;
         };
-        step();
+        step()?;
         gpus.destroy_compute_instance(p.gpu, dev.gi_id, dev.ci_id)
             .map_err(nvml(format!("destroying {inst} on GPU {}", p.gpu)))?;
         gone.push((dev.gi_id, dev.ci_id));
@@ -263,7 +369,7 @@ fn destroy(
             .filter(|m| m.gi_id == dev.gi_id && !gone.contains(&(m.gi_id, m.ci_id)))
             .count();
         if left == 0 {
-            step();
+            step()?;
             gpus.destroy_gpu_instance(p.gpu, dev.gi_id)
                 .map_err(nvml(format!(
                     "destroying the GPU instance of {inst} on GPU {}",
@@ -278,7 +384,7 @@ fn create(
     gpus: &Gpus,
     p: &GpuPlan,
     inst: &Instance,
-    step: &mut dyn FnMut(),
+    step: &mut dyn FnMut() -> Result<(), ExecError>,
 ) -> Result<(), ExecError> {
     let gi = gi_profile_of(p.model, &inst.profile).ok_or_else(|| {
         ExecError::Profile(format!(
@@ -298,7 +404,7 @@ fn create(
                 inst.profile
             ))
         })?;
-    step();
+    step()?;
     let gi_id = gpus
         .create_gpu_instance(
             p.gpu,
@@ -309,7 +415,7 @@ fn create(
             }),
         )
         .map_err(nvml(format!("creating {inst} on GPU {}", p.gpu)))?;
-    step();
+    step()?;
     gpus.create_compute_instance(p.gpu, gi_id, ci_profile, None)
         .map_err(nvml(format!(
             "creating the compute instance of {inst} on GPU {}",
@@ -370,6 +476,10 @@ impl std::fmt::Display for Progress<'_> {
                     "applied config {config} ({changes} changes through the driver)"
                 )
             }
+            Progress::RemovingLeftover { gpu, gpu_instance } => write!(
+                f,
+                "GPU {gpu}: removing GPU instance {gpu_instance}, left without a compute instance by an interrupted apply"
+            ),
         }
     }
 }
@@ -401,6 +511,8 @@ pub enum Progress<'a> {
     NothingToDo { config: &'a str },
     /// Applied and converged.
     Applied { config: &'a str, changes: usize },
+    /// A GPU instance an interrupted apply left without a compute instance is being destroyed.
+    RemovingLeftover { gpu: u32, gpu_instance: u32 },
 }
 
 /// Checkpoint, apply, mark the checkpoint done, and check the node converged (`converged` on a
@@ -433,7 +545,7 @@ pub fn apply_checkpointed(
             progress(Progress::NothingToDo {
                 config: &opts.config_name,
             });
-            return execute(gpus, &[], opts).map(|_| Outcome::default());
+            return execute(gpus, &[], opts, &mut progress).map(|_| Outcome::default());
         }
         _ => {
             let c = gpuops_mig::apply::checkpoint_of(inv, gpus_changed, applying);
@@ -441,7 +553,7 @@ pub fn apply_checkpointed(
             c
         }
     };
-    let outcome = execute(gpus, plans, opts)?;
+    let outcome = execute(gpus, plans, opts, &mut progress)?;
     let after = gpus
         .snapshot_with(gpuops_nvml::Scope::Mig)
         .map_err(ExecError::Snapshot)?;
@@ -456,6 +568,75 @@ pub fn apply_checkpointed(
         changes: outcome.nvml_changes,
     });
     Ok(outcome)
+}
+
+/// A named config of a config file, planned against the GPUs as they are now: what
+/// `gpuops mig apply` and `assert` start from, in the same order (config, name, hooks, GPUs).
+#[derive(Debug)]
+pub struct Planned {
+    pub hooks: Option<Hooks>,
+    pub inventory: gpuops_inventory::Inventory,
+    pub targets: Vec<gpuops_mig::apply::Target>,
+    pub plans: Vec<GpuPlan>,
+}
+
+/// Reads config `name` of `file` (and the hooks file) and plans it on the GPUs.
+pub fn plan_named(
+    gpus: &Gpus,
+    file: &str,
+    name: &str,
+    hooks: Option<&Path>,
+) -> Result<Planned, ExecError> {
+    let cfg = read_config(file, None)?;
+    let named = cfg.get(name)?;
+    let hooks = hooks.map(read_hooks).transpose()?;
+    let inventory = gpus
+        .snapshot_with(gpuops_nvml::Scope::Mig)
+        .map_err(ExecError::Snapshot)?;
+    let targets = gpuops_mig::apply::targets_of(named, &inventory)?;
+    let plans = gpuops_mig::apply::plan_node(&inventory, &targets)?;
+    Ok(Planned {
+        hooks,
+        inventory,
+        targets,
+        plans,
+    })
+}
+
+impl Planned {
+    /// Whether the GPUs already have the config (`gpuops mig assert` passes).
+    pub fn applied(&self) -> bool {
+        gpuops_mig::apply::differing(&self.plans, false).is_empty()
+    }
+
+    /// Applies the plan as `gpuops mig apply` does (checkpoint, apply, converged check), with
+    /// `opts`' hooks taken from the plan.
+    pub fn apply(
+        self,
+        gpus: &Gpus,
+        mut opts: Options,
+        checkpoint: &Path,
+        progress: impl FnMut(Progress<'_>),
+    ) -> Result<Outcome, ExecError> {
+        opts.hooks = self.hooks;
+        let gpus_changed: Vec<u32> = self.plans.iter().map(|p| p.gpu).collect();
+        let mode_only = opts.mode_only;
+        let targets = self.targets;
+        apply_checkpointed(
+            gpus,
+            &self.plans,
+            &opts,
+            checkpoint,
+            &gpus_changed,
+            &self.inventory,
+            Some(opts.config_name.clone()),
+            |inv| {
+                let plans = gpuops_mig::apply::plan_node(inv, &targets)?;
+                Ok(gpuops_mig::apply::differing(&plans, mode_only).is_empty())
+            },
+            progress,
+        )
+    }
 }
 
 /// The checkpoint file: the one given, else `mig-checkpoint.json` in the simulator state, else
@@ -523,6 +704,7 @@ pub fn restore(
     mut saved: Checkpoint,
     path: &Path,
     force: bool,
+    mut progress: impl FnMut(Progress<'_>),
 ) -> Result<Outcome, ExecError> {
     let opts = Options {
         config_name: "restore".into(),
@@ -530,7 +712,7 @@ pub fn restore(
         force,
         ..Options::default()
     };
-    let outcome = execute(gpus, plans, &opts)?;
+    let outcome = execute(gpus, plans, &opts, &mut progress)?;
     saved.applying = None;
     write_checkpoint(path, &saved)?;
     Ok(outcome)
@@ -592,6 +774,86 @@ mod tests {
         let back = read_checkpoint(&path).unwrap().unwrap();
         assert_eq!(back.applying.as_deref(), Some("all-1g.10gb"));
         assert_eq!(back.gpus[0].layout, checkpoint().gpus[0].layout);
+    }
+
+    #[test]
+    fn each_failure_says_whether_to_retry_wait_for_a_new_config_or_report_the_node() {
+        let call = |code| NvmlError::Call {
+            call: "nvmlDeviceCreateGpuInstance",
+            gpu: Some(0),
+            reason: "x".into(),
+            code,
+        };
+        let nvml = |source| ExecError::Nvml {
+            what: "creating 1g.10gb@0 on GPU 0".into(),
+            source,
+        };
+        let io = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let cases = [
+            (
+                ExecError::Busy(vec!["GPU 0 1g.10gb@0: pid 7".into()]),
+                Category::Retryable,
+            ),
+            (
+                nvml(call(Some(gpuops_nvml::raw_codes::IN_USE))),
+                Category::Retryable,
+            ),
+            (
+                nvml(call(Some(gpuops_nvml::raw_codes::INSUFFICIENT_RESOURCES))),
+                Category::Retryable,
+            ),
+            (nvml(call(None)), Category::Retryable),
+            (nvml(call(Some(4))), Category::Hardware),
+            (
+                nvml(NvmlError::GpuLost { gpu: Some(0) }),
+                Category::Hardware,
+            ),
+            (
+                ExecError::Snapshot(NvmlError::Init {
+                    path: "libnvidia-ml.so.1".into(),
+                    reason: "driver not loaded".into(),
+                }),
+                Category::Hardware,
+            ),
+            (
+                ExecError::Mig(gpuops_mig::MigError::UnknownConfig {
+                    name: "x".into(),
+                    known: vec![],
+                }),
+                Category::Config,
+            ),
+            (ExecError::Profile("9g.90gb".into()), Category::Config),
+            (
+                ExecError::HookStart {
+                    point: "apply-start",
+                    command: "/nope".into(),
+                    source: io(),
+                },
+                Category::Config,
+            ),
+            (
+                ExecError::HookFailed {
+                    point: "apply-start",
+                    command: "/bin/false".into(),
+                    status: "exit status: 1".into(),
+                },
+                Category::Retryable,
+            ),
+            (ExecError::Checkpoint("bad json".into()), Category::Hardware),
+            (ExecError::NotConverged("c".into()), Category::Retryable),
+            (
+                ExecError::Read {
+                    what: "config file",
+                    path: "/etc/mig.yaml".into(),
+                    error: io(),
+                },
+                Category::Retryable,
+            ),
+            (ExecError::Cancelled { changes: 3 }, Category::Retryable),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.category(), want, "{e}");
+        }
     }
 
     #[test]

@@ -239,6 +239,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 force,
                 step_delay,
                 crash_after,
+                cancel: None,
             };
             let gpus_changed: Vec<u32> = plans.iter().map(|p| p.gpu).collect();
             apply_with_checkpoint(
@@ -309,7 +310,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 println!("dry run: nothing changed");
                 return Ok(ExitCode::SUCCESS);
             }
-            let outcome = exec::restore(&opened.gpus, &plans, saved, &path, force)?;
+            let outcome = exec::restore(&opened.gpus, &plans, saved, &path, force, |p| {
+                println!("{p}")
+            })?;
             println!(
                 "restored {} GPUs from {} ({} changes through the driver)",
                 plans.len(),
