@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod capi;
+pub mod child;
 mod cluster;
 mod harness;
 mod infra;
@@ -20,6 +21,7 @@ mod real_node;
 pub mod scenario;
 
 pub use capi::{CAPI_BIN_ENV, CapiOptions, ClusterApi, DELETE_MACHINE, MachineInfo, PoolSpec};
+pub use child::ChildGuard;
 pub use cluster::{Cluster, ClusterOptions, User};
 pub use harness::{Allocation, HarnessNode, TestPlugin};
 pub use infra::{MACHINE_LABEL, NodeShape, PROVIDER_ID_PREFIX, STARTUP_TAINT};

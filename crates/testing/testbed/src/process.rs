@@ -8,7 +8,7 @@ use crate::BedError;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The environment variable naming the directory where test-bed processes are recorded.
 pub const RUN_DIR_ENV: &str = "GPUOPS_TESTBED_RUN_DIR";
@@ -121,25 +121,9 @@ impl Managed {
     }
 
     fn stop_within(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
+        if let Some(mut child) = self.child.take() {
+            crate::child::terminate(&mut child, grace);
         }
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .stderr(Stdio::null())
-            .status();
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
     }
 
     /// Kills the process at once (SIGKILL), as a crash would.
