@@ -555,7 +555,7 @@ struct ReadyPlacement {
     rest: Vec<usize>,
 }
 
-/// 1. Free capacity on ready nodes. Static feasibility is computed once per class of pods,
+/// Step 1: free capacity on ready nodes. Static feasibility is computed once per class of pods,
 /// and per shape the first node worth trying is remembered: capacity only shrinks during a
 /// decision, so a node that refused a shape refuses it again.
 fn place_on_ready_nodes(snap: &Snapshot, order: &[usize], shapes: &Shapes) -> ReadyPlacement {
@@ -615,7 +615,7 @@ struct Purchase {
     place: Vec<Option<(usize, String, bool)>>,
 }
 
-/// 2. Nodes in flight, then new nodes. Both are chosen by the same packing of the whole
+/// Step 2: nodes in flight, then new nodes. Both are chosen by the same packing of the whole
 /// batch (`pack`, below): the in-flight nodes are a limited supply per pool, new
 /// nodes a supply bounded by each pool's room. What is bought is then checked by placing
 /// the batch again over the in-flight nodes plus what was bought, exactly as the next

@@ -533,7 +533,7 @@ fn remember(nodes: &[MigNode], mem: &mut MigMemory, now: Millis, cfg: &MigConfig
     });
 }
 
-/// 1. Free instances the scheduler can bind now or once a launched node or a change under
+/// Step 1: free instances the scheduler can bind now or once a launched node or a change under
 /// way is done, on nodes with room for the pod. Fills `out.served_by_free`; returns the pods
 /// (by index, oldest first) that free instances do not serve.
 fn serve_from_free(nodes: &[MigNode], pods: &[MigPod], out: &mut MigDecision) -> Vec<usize> {
@@ -613,7 +613,7 @@ fn serve_from_free(nodes: &[MigNode], pods: &[MigPod], out: &mut MigDecision) ->
     demand_pods
 }
 
-/// 2. The batch: demand counts once it persisted for the idle window; the batch closes when
+/// Step 2: the batch: demand counts once it persisted for the idle window; the batch closes when
 /// nothing newer arrived for that long, or the oldest waited the maximum. Fills `out.waiting`;
 /// returns the pods to act for.
 fn close_batch(
@@ -644,7 +644,7 @@ fn close_batch(
 }
 
 impl Demand {
-    /// 3. Demand by profile, largest first, in arrival order within a profile. The slice size
+    /// Step 3: demand by profile, largest first, in arrival order within a profile. The slice size
     /// comes from any model offering the profile (names carry the memory, so sizes agree).
     fn of(pods: &[MigPod], acted: &[usize]) -> Self {
         let size_of = |profile: &str| -> u32 {
@@ -670,7 +670,7 @@ impl Demand {
     }
 }
 
-/// 4. Re-partition free capacity, cheaper nodes first; one change per node that serves at
+/// Step 4: re-partition free capacity, cheaper nodes first; one change per node that serves at
 /// least one pending pod.
 #[allow(clippy::too_many_arguments)] // the decision's inputs, passed through from decide_mig
 fn repartition(
@@ -803,7 +803,7 @@ fn repartition_node(
     (per_gpu, plans, served)
 }
 
-/// 5. What re-partitioning cannot serve: new nodes of the cheapest pool offering the
+/// Step 5: what re-partitioning cannot serve: new nodes of the cheapest pool offering the
 /// profile, bought with the layout the pods need.
 fn buy_nodes(
     pools: &[MigPool],
@@ -825,24 +825,32 @@ fn buy_nodes(
         let Some(model) = model_of(&pool.model).filter(|m| m.mig_capable()) else {
             continue;
         };
-        let (bought, served, layouts) = fill_new_nodes(pool, model, pods, demand, planner);
-        if bought == 0 {
+        let new = fill_new_nodes(pool, model, pods, demand, planner);
+        if new.bought == 0 {
             continue;
         }
-        out.scale_ups
-            .push(pool_scale_up(pool, bought, served, &layouts));
+        out.scale_ups.push(pool_scale_up(pool, new));
     }
 }
 
+/// New nodes of one pool, filled.
+struct NewNodes {
+    bought: u32,
+    /// The pods they serve.
+    served: Vec<String>,
+    /// Per node, per GPU: profile counts.
+    layouts: Vec<Vec<BTreeMap<String, u32>>>,
+}
+
 /// Empty nodes of `pool` filled from `demand` while the pool has room and each new node
-/// serves a pod: how many, the pods served, and each node's per-GPU counts.
+/// serves a pod.
 fn fill_new_nodes(
     pool: &MigPool,
     model: &'static GpuModel,
     pods: &[MigPod],
     demand: &mut Demand,
     planner: &mut Planner,
-) -> (u32, Vec<String>, Vec<Vec<BTreeMap<String, u32>>>) {
+) -> NewNodes {
     let mut bought = 0u32;
     let mut served = Vec::new();
     let mut layouts: Vec<Vec<BTreeMap<String, u32>>> = Vec::new();
@@ -874,21 +882,25 @@ fn fill_new_nodes(
         served.extend(node_served);
         layouts.push(node_layout);
     }
-    (bought, served, layouts)
+    NewNodes {
+        bought,
+        served,
+        layouts,
+    }
 }
 
-/// The scale-up of `pool` by `bought` nodes with the per-node `layouts` they were filled with.
-fn pool_scale_up(
-    pool: &MigPool,
-    bought: u32,
-    served: Vec<String>,
-    layouts: &[Vec<BTreeMap<String, u32>>],
-) -> MigScaleUp {
+/// The scale-up of `pool` by the new nodes, with the layouts they were filled with.
+fn pool_scale_up(pool: &MigPool, new: NewNodes) -> MigScaleUp {
+    let NewNodes {
+        bought,
+        served,
+        layouts,
+    } = new;
     // One config for all new nodes: the per-GPU maximum of each profile over them, which
     // serves every node's share (they are interchangeable to the scheduler).
     let gpus = pool.gpus as usize;
     let mut layout: Vec<BTreeMap<String, u32>> = vec![BTreeMap::new(); gpus];
-    for l in layouts {
+    for l in &layouts {
         for (g, d) in l.iter().enumerate() {
             if d.values().sum::<u32>() > layout[g].values().sum::<u32>() {
                 layout[g] = d.clone();

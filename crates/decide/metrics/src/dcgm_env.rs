@@ -76,8 +76,7 @@ impl DcgmExporterEnv {
             };
             match name.as_str() {
                 "DCGM_EXPORTER_LISTEN" => {
-                    out.listen =
-                        Some(parse_listen(value).map_err(|p| err("DCGM_EXPORTER_LISTEN", p))?);
+                    out.listen = Some(parse_listen(value)?);
                 }
                 "DCGM_EXPORTER_INTERVAL" => {
                     let ms: u64 = value.parse().map_err(|_| {
@@ -96,8 +95,7 @@ impl DcgmExporterEnv {
                     out.interval = Some(Duration::from_millis(ms));
                 }
                 "DCGM_EXPORTER_KUBERNETES" => {
-                    out.kubernetes =
-                        Some(parse_go_bool(value).map_err(|p| err("DCGM_EXPORTER_KUBERNETES", p))?);
+                    out.kubernetes = Some(parse_go_bool("DCGM_EXPORTER_KUBERNETES", value)?);
                 }
                 "DCGM_POD_RESOURCES_KUBELET_SOCKET" => {
                     out.pod_resources_socket = Some(PathBuf::from(value));
@@ -114,29 +112,39 @@ impl DcgmExporterEnv {
 }
 
 /// Go's `net.Listen` address forms dcgm-exporter accepts: `:9400` (all interfaces), `host:port`,
-/// `[v6]:port`.
-pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+/// `[v6]:port`; the error names `DCGM_EXPORTER_LISTEN` and `text`.
+pub fn parse_listen(text: &str) -> Result<SocketAddr, EnvError> {
+    let bad = |problem: String| EnvError::BadValue {
+        var: "DCGM_EXPORTER_LISTEN",
+        value: text.to_string(),
+        problem,
+    };
     if let Some(port) = text.strip_prefix(':') {
         let port: u16 = port
             .parse()
-            .map_err(|_| format!("port {port:?} is not a number from 0 to 65535"))?;
+            .map_err(|_| bad(format!("port {port:?} is not a number from 0 to 65535")))?;
         return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port));
     }
-    if let Some(port) = text.strip_prefix("localhost:") {
-        return parse_listen(&format!("127.0.0.1:{port}"));
-    }
-    text.parse().map_err(|_| {
-        "not an address like :9400, 0.0.0.0:9400 or [::]:9400 (host names other than localhost are not resolved)"
-            .to_string()
+    let literal = match text.strip_prefix("localhost:") {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => text.to_string(),
+    };
+    literal.parse().map_err(|_| {
+        bad("not an address like :9400, 0.0.0.0:9400 or [::]:9400 (host names other than localhost are not resolved)"
+            .to_string())
     })
 }
 
 /// Go's `strconv.ParseBool`, which dcgm-exporter's flag library uses for env vars.
-fn parse_go_bool(text: &str) -> Result<bool, String> {
+fn parse_go_bool(var: &'static str, text: &str) -> Result<bool, EnvError> {
     match text {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err("not a boolean (true or false)".into()),
+        _ => Err(EnvError::BadValue {
+            var,
+            value: text.to_string(),
+            problem: "not a boolean (true or false)".into(),
+        }),
     }
 }
 
@@ -200,7 +208,12 @@ mod tests {
             parse_listen("localhost:1"),
             Ok("127.0.0.1:1".parse().unwrap())
         );
-        assert!(parse_listen(":99999").unwrap_err().contains("99999"));
+        assert!(
+            parse_listen(":99999")
+                .unwrap_err()
+                .to_string()
+                .contains("99999")
+        );
         assert!(parse_listen("gpu-node:9400").is_err());
     }
 

@@ -1,6 +1,7 @@
 //! The checkpoint an apply writes before changing anything, so `restore` (or the next apply) can
 //! converge after a crash.
 
+use crate::error::MigError;
 use crate::layout::Layout;
 use serde::{Deserialize, Serialize};
 
@@ -29,15 +30,16 @@ impl Checkpoint {
     pub const VERSION: &'static str = "v1";
 
     /// Parses checkpoint JSON; `origin` names the file in errors.
-    pub fn parse(text: &str, origin: &str) -> Result<Checkpoint, String> {
-        let c: Checkpoint =
-            serde_json::from_str(text).map_err(|e| format!("checkpoint {origin}: {e}"))?;
+    pub fn parse(text: &str, origin: &str) -> Result<Checkpoint, MigError> {
+        let c: Checkpoint = serde_json::from_str(text).map_err(|e| MigError::CheckpointJson {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })?;
         if c.version != Self::VERSION {
-            return Err(format!(
-                "checkpoint {origin}: version {:?} is not {}",
-                c.version,
-                Self::VERSION
-            ));
+            return Err(MigError::CheckpointVersion {
+                origin: origin.to_string(),
+                version: c.version,
+            });
         }
         Ok(c)
     }
@@ -72,11 +74,13 @@ mod tests {
         assert!(
             Checkpoint::parse(&bad, "c.json")
                 .unwrap_err()
+                .to_string()
                 .contains("v9")
         );
         assert!(
             Checkpoint::parse("{", "c.json")
                 .unwrap_err()
+                .to_string()
                 .contains("c.json")
         );
     }

@@ -21,9 +21,9 @@
 //! rather than as a generic deserialization error. Profile names are checked for syntax only;
 //! whether a GPU model offers a profile is the planner's business.
 
-use crate::error::MigError;
 pub use crate::error::Position;
 use crate::error::closest;
+use crate::error::{FilterPart, HexIdProblem, MigError};
 use gpuops_catalog::{GpuModel, ProfileName};
 use gpuops_yamlpos::{Node, SNode, map_get};
 use serde_saphyr::Location;
@@ -102,7 +102,7 @@ impl fmt::Display for DeviceFilter {
 }
 
 impl FromStr for DeviceFilter {
-    type Err = String;
+    type Err = MigError;
 
     /// Parses `0xDDDDVVVV[:0xSSSSVVVV]` (hex digits and the `0x` prefix in either case); the
     /// error says what is wrong and how to write it.
@@ -112,39 +112,35 @@ impl FromStr for DeviceFilter {
             Some((d, sub)) => (d, Some(sub)),
             None => (text, None),
         };
-        let device = hex32(device).map_err(|why| match subsystem {
-            None => format!("device-filter {s:?} {why}"),
-            Some(_) => format!("device-filter {s:?}: the device part {device:?} {why}"),
+        let bad = |part: FilterPart, problem: HexIdProblem| MigError::DeviceFilter {
+            text: s.to_string(),
+            part,
+            problem,
+        };
+        let device = hex32(device).map_err(|problem| match subsystem {
+            None => bad(FilterPart::Whole, problem),
+            Some(_) => bad(FilterPart::Device(device.to_string()), problem),
         })?;
         let subsystem = subsystem
-            .map(|sub| {
-                hex32(sub)
-                    .map_err(|why| format!("device-filter {s:?}: the subsystem part {sub:?} {why}"))
-            })
+            .map(|sub| hex32(sub).map_err(|p| bad(FilterPart::Subsystem(sub.to_string()), p)))
             .transpose()?;
         Ok(DeviceFilter { device, subsystem })
     }
 }
 
-/// Parses `0x` + exactly 8 hex digits; the error continues a sentence naming the input.
-fn hex32(part: &str) -> Result<u32, String> {
+/// Parses `0x` + exactly 8 hex digits.
+fn hex32(part: &str) -> Result<u32, HexIdProblem> {
     let Some(digits) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) else {
-        return Err(
-            "must be 0x followed by 8 hex digits (PCI id, then vendor id 10DE), e.g. \"0x233010DE\""
-                .into(),
-        );
+        return Err(HexIdProblem::NoPrefix);
     };
     let hex = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_hexdigit());
     if hex && digits.len() <= 4 {
-        return Err(format!(
-            "is a bare 16-bit PCI id; write it followed by the vendor id: \"0x{:0>4}10DE\"",
-            digits.to_ascii_uppercase()
-        ));
+        return Err(HexIdProblem::Bare16Bit(digits.to_string()));
     }
     if !hex || digits.len() != 8 {
-        return Err("must be 0x followed by exactly 8 hex digits, e.g. \"0x233010DE\"".into());
+        return Err(HexIdProblem::NotEightDigits);
     }
-    u32::from_str_radix(digits, 16).map_err(|e| e.to_string())
+    u32::from_str_radix(digits, 16).map_err(|_| HexIdProblem::NotEightDigits)
 }
 
 impl MigPartedConfig {
@@ -941,7 +937,7 @@ impl Ctx<'_> {
         match &node.value {
             Node::Str(s) => s
                 .parse::<DeviceFilter>()
-                .map_err(|why| self.invalid(&node.referenced, why)),
+                .map_err(|why| self.invalid(&node.referenced, why.to_string())),
             Node::Int(_) => Err(self.invalid(
                 &node.referenced,
                 format!(
@@ -1246,7 +1242,7 @@ mod tests {
             assert!(bad.parse::<DeviceFilter>().is_err(), "{bad}");
         }
         let e = "0x2330".parse::<DeviceFilter>().unwrap_err();
-        assert!(e.contains("\"0x233010DE\""), "{e}");
+        assert!(e.to_string().contains("\"0x233010DE\""), "{e}");
     }
 
     #[test]

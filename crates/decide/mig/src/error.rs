@@ -130,8 +130,70 @@ pub enum MigError {
     NoSuchGpu(u32),
     #[error("cannot apply:\n  {}", .0.join("\n  "))]
     Cannot(Vec<String>),
+    /// A MIG checkpoint file that is not JSON of the checkpoint's shape (`message` is
+    /// serde_json's).
+    #[error("checkpoint {origin}: {message}")]
+    CheckpointJson { origin: String, message: String },
+    #[error(
+        "checkpoint {origin}: version {version:?} is not {}",
+        crate::checkpoint::Checkpoint::VERSION
+    )]
+    CheckpointVersion { origin: String, version: String },
+    /// A mig-parted `device-filter` that is not `0xDDDDVVVV[:0xSSSSVVVV]`.
+    #[error("device-filter {text:?}{part} {problem}")]
+    DeviceFilter {
+        text: String,
+        part: FilterPart,
+        problem: HexIdProblem,
+    },
     #[error("checkpointed GPU {index} ({uuid}) is not on this node")]
     CheckpointedGpuMissing { index: u32, uuid: String },
+}
+
+/// Which part of a `device-filter` a problem is in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FilterPart {
+    /// A filter without a subsystem part.
+    Whole,
+    Device(String),
+    Subsystem(String),
+}
+
+impl fmt::Display for FilterPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FilterPart::Whole => Ok(()),
+            FilterPart::Device(d) => write!(f, ": the device part {d:?}"),
+            FilterPart::Subsystem(s) => write!(f, ": the subsystem part {s:?}"),
+        }
+    }
+}
+
+/// What is wrong with one hex id of a `device-filter`; shown after the part it is in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HexIdProblem {
+    NoPrefix,
+    /// A bare 16-bit PCI id (its hex digits), without the vendor id.
+    Bare16Bit(String),
+    NotEightDigits,
+}
+
+impl fmt::Display for HexIdProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HexIdProblem::NoPrefix => f.write_str(
+                "must be 0x followed by 8 hex digits (PCI id, then vendor id 10DE), e.g. \"0x233010DE\"",
+            ),
+            HexIdProblem::Bare16Bit(digits) => write!(
+                f,
+                "is a bare 16-bit PCI id; write it followed by the vendor id: \"0x{:0>4}10DE\"",
+                digits.to_ascii_uppercase()
+            ),
+            HexIdProblem::NotEightDigits => {
+                f.write_str("must be 0x followed by exactly 8 hex digits, e.g. \"0x233010DE\"")
+            }
+        }
+    }
 }
 
 impl From<Infeasible> for MigError {

@@ -16,5 +16,5 @@ pub mod select;
 pub mod validate;
 pub mod workload;
 
-pub use error::MigError;
+pub use error::{FilterPart, HexIdProblem, MigError};
 pub use layout::{Instance, Layout};

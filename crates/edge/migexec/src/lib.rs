@@ -654,7 +654,7 @@ pub fn read_checkpoint(path: &Path) -> Result<Option<Checkpoint>, ExecError> {
     match std::fs::read_to_string(path) {
         Ok(text) => Checkpoint::parse(&text, &path.display().to_string())
             .map(Some)
-            .map_err(ExecError::Checkpoint),
+            .map_err(|e| ExecError::Checkpoint(e.to_string())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(ExecError::ReadCheckpoint {
             path: path.to_path_buf(),

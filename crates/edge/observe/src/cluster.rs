@@ -268,7 +268,7 @@ pub async fn logs(
         })
         .take(limit)
         .collect();
-    let results: Vec<Result<LogExcerpt, String>> = futures::stream::iter(wanted)
+    let results: Vec<Result<LogExcerpt, ObserveError>> = futures::stream::iter(wanted)
         .map(|(ns, pod, container, previous)| {
             let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
             async move {
@@ -286,11 +286,14 @@ pub async fn logs(
                         previous,
                         text,
                     }),
-                    Err(e) => Err(format!(
-                        "{ns}/{pod} container {container}{}: {}",
-                        if previous { " (previous)" } else { "" },
-                        short_kube_error(&e)
-                    )),
+                    Err(source) => Err(ObserveError::Kube {
+                        what: format!(
+                            "{ns}/{pod} container {container}{}: {}",
+                            if previous { " (previous)" } else { "" },
+                            short_kube_error(&source)
+                        ),
+                        source,
+                    }),
                 }
             }
         })
@@ -302,7 +305,7 @@ pub async fn logs(
     for r in results {
         match r {
             Ok(l) => ok.push(l),
-            Err(e) => failed.push(e),
+            Err(e) => failed.push(e.to_string()),
         }
     }
     failed.sort();

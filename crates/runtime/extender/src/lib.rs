@@ -27,6 +27,19 @@ pub enum ExtenderError {
         #[source]
         source: gpuops_kube::KubeError,
     },
+    // A scheduler request the extender cannot answer; the text goes back to the scheduler.
+    #[error("the request has no Pod (expected ExtenderArgs {{Pod, Nodes|NodeNames}})")]
+    NoPod,
+    #[error("the request has neither Nodes nor NodeNames")]
+    NoCandidates,
+    #[error("Nodes.items[{index}] has no metadata.name")]
+    UnnamedNode { index: usize },
+    /// The nodes of a request cannot be modelled.
+    #[error("{source:#}")]
+    Model {
+        #[source]
+        source: gpuops_kubemodel::ModelError,
+    },
 }
 
 /// What the extender serves with.

@@ -8,6 +8,7 @@
 //! `nodeCacheCapable: true` sends `NodeNames` and expects `NodeNames` back; `false` sends whole
 //! `Nodes` and expects the passing `Nodes` back (we echo the objects we were given, unchanged).
 
+use crate::ExtenderError;
 use gpuops_kubemodel::{self as state, PodAsk, Snapshot};
 use gpuops_packing::{PodSpec, PolicyKind};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -106,7 +107,7 @@ struct Candidates {
     as_objects: bool,
 }
 
-fn candidates(args: &ExtenderArgs) -> Result<Candidates, String> {
+fn candidates(args: &ExtenderArgs) -> Result<Candidates, ExtenderError> {
     if let Some(list) = &args.nodes {
         let mut names = Vec::with_capacity(list.items.len());
         let mut objects = Vec::new();
@@ -114,7 +115,7 @@ fn candidates(args: &ExtenderArgs) -> Result<Candidates, String> {
             let name = item
                 .pointer("/metadata/name")
                 .and_then(|v| v.as_str())
-                .ok_or_else(|| format!("Nodes.items[{i}] has no metadata.name"))?;
+                .ok_or(ExtenderError::UnnamedNode { index: i })?;
             names.push(name.to_string());
             if let Ok(n) = serde_json::from_value::<Node>(item.clone()) {
                 objects.push(n);
@@ -133,7 +134,7 @@ fn candidates(args: &ExtenderArgs) -> Result<Candidates, String> {
             as_objects: false,
         });
     }
-    Err("the request has neither Nodes nor NodeNames".into())
+    Err(ExtenderError::NoCandidates)
 }
 
 /// The nodes to model: the watched ones, replaced or completed by objects the request carried.
@@ -147,12 +148,9 @@ fn merged<'a>(watched: &'a [&'a Node], given: &'a [Node]) -> Vec<&'a Node> {
     out
 }
 
-/// The pod and its ask, or an error message.
-fn pod_of(args: &ExtenderArgs) -> Result<(&Pod, PodAsk), String> {
-    let pod = args
-        .pod
-        .as_ref()
-        .ok_or("the request has no Pod (expected ExtenderArgs {Pod, Nodes|NodeNames})")?;
+/// The pod and its ask.
+fn pod_of(args: &ExtenderArgs) -> Result<(&Pod, PodAsk), ExtenderError> {
+    let pod = args.pod.as_ref().ok_or(ExtenderError::NoPod)?;
     Ok((pod, state::pod_ask(pod)))
 }
 
@@ -166,11 +164,11 @@ pub fn filter(
 ) -> FilterResult {
     let (pod, ask) = match pod_of(args) {
         Ok(x) => x,
-        Err(e) => return FilterResult::error(e),
+        Err(e) => return FilterResult::error(e.to_string()),
     };
     let cands = match candidates(args) {
         Ok(c) => c,
-        Err(e) => return FilterResult::error(e),
+        Err(e) => return FilterResult::error(e.to_string()),
     };
     if !ask.is_gpu() {
         let keep = vec![true; cands.names.len()];
@@ -268,7 +266,7 @@ pub fn prioritize(
     nodes: &[&Node],
     pods: &[&Pod],
     engine: &Engine,
-) -> Result<Vec<HostPriority>, String> {
+) -> Result<Vec<HostPriority>, ExtenderError> {
     let (_, ask) = pod_of(args)?;
     let cands = candidates(args)?;
     let zero = |names: &[String]| {
@@ -285,7 +283,7 @@ pub fn prioritize(
     }
     let all = merged(nodes, &cands.objects);
     let snap = state::snapshot(&all, pods, Some(&ask), engine.workload.as_deref())
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|source| ExtenderError::Model { source })?;
     for note in &snap.notes {
         tracing::debug!("{note}");
     }

@@ -234,7 +234,7 @@ pub fn handle(
             tracing::warn!("prioritize: {e}");
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                json(&serde_json::json!({ "Error": e })),
+                json(&serde_json::json!({ "Error": e.to_string() })),
             )
         }
     }

@@ -211,8 +211,8 @@ impl Fleet {
                 "{total} GPUs is more than the {MAX_GPUS} a simulated node may have"
             )));
         }
-        parse_driver_version(&self.driver_version).map_err(invalid)?;
-        parse_cuda_version(&self.cuda_version).map_err(invalid)?;
+        parse_driver_version(&self.driver_version).map_err(|e| invalid(e.to_string()))?;
+        parse_cuda_version(&self.cuda_version).map_err(|e| invalid(e.to_string()))?;
         Ok(())
     }
 
@@ -230,24 +230,22 @@ impl Fleet {
 }
 
 /// Checks a driver version like `580.105.08` and returns its major number.
-pub fn parse_driver_version(v: &str) -> Result<u32, String> {
+pub fn parse_driver_version(v: &str) -> Result<u32, SimError> {
     let parts: Vec<&str> = v.split('.').collect();
     let numeric = parts
         .iter()
         .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()));
     if !(2..=3).contains(&parts.len()) || !numeric {
-        return Err(format!(
-            "driver-version {v:?} is not of the form MAJOR.MINOR[.PATCH], e.g. 580.105.08"
-        ));
+        return Err(SimError::DriverVersion(v.to_string()));
     }
     parts[0]
         .parse()
-        .map_err(|_| format!("driver-version {v:?}: major number too large"))
+        .map_err(|_| SimError::DriverMajorTooLarge(v.to_string()))
 }
 
 /// Parses a CUDA version like `13.0` into NVML's integer form (13000).
-pub fn parse_cuda_version(v: &str) -> Result<i32, String> {
-    let bad = || format!("cuda-version {v:?} is not of the form MAJOR.MINOR, e.g. 13.0");
+pub fn parse_cuda_version(v: &str) -> Result<i32, SimError> {
+    let bad = || SimError::CudaVersion(v.to_string());
     let (major, minor) = v.split_once('.').ok_or_else(bad)?;
     let major: i32 = major.parse().map_err(|_| bad())?;
     let minor: i32 = minor.parse().map_err(|_| bad())?;
@@ -341,8 +339,8 @@ mod tests {
 
     #[test]
     fn versions_parse() {
-        assert_eq!(parse_cuda_version("12.8"), Ok(12080));
-        assert_eq!(parse_driver_version("535.104.05"), Ok(535));
+        assert_eq!(parse_cuda_version("12.8").unwrap(), 12080);
+        assert_eq!(parse_driver_version("535.104.05").unwrap(), 535);
         assert!(parse_driver_version("535").is_err());
         assert!(parse_cuda_version("x.1").is_err());
     }

@@ -56,6 +56,29 @@ pub enum SimError {
     NoSuchGpu { index: u32, count: usize },
     #[error("{0}")]
     Invalid(String),
+    // A state file that breaks an invariant the cdylib relies on.
+    #[error("format {format} is not the supported {}", state::STATE_FORMAT)]
+    StateFormat { format: u32 },
+    #[error("gpus[{position}] has index {index}")]
+    GpuIndex { position: usize, index: u32 },
+    #[error("gpus[{position}]: {source}")]
+    GpuModel {
+        position: usize,
+        #[source]
+        source: gpuops_catalog::CatalogError,
+    },
+    #[error("gpus[{position}] ({model}) has GPU instances but no MIG support")]
+    InstancesWithoutMig {
+        position: usize,
+        model: &'static str,
+    },
+    // Versions given to a fleet.
+    #[error("driver-version {0:?} is not of the form MAJOR.MINOR[.PATCH], e.g. 580.105.08")]
+    DriverVersion(String),
+    #[error("driver-version {0:?}: major number too large")]
+    DriverMajorTooLarge(String),
+    #[error("cuda-version {0:?} is not of the form MAJOR.MINOR, e.g. 13.0")]
+    CudaVersion(String),
 }
 
 impl SimError {

@@ -177,7 +177,7 @@ const BUS_NUMBERS: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
 impl SimState {
     /// A freshly loaded driver for `fleet`, at time `now_ms`.
     pub fn from_fleet(fleet: &Fleet, now_ms: u64) -> Result<SimState, SimError> {
-        let cuda = parse_cuda_version(&fleet.cuda_version).map_err(SimError::Invalid)?;
+        let cuda = parse_cuda_version(&fleet.cuda_version)?;
         let models = fleet.expanded();
         let n = models.len() as u32;
         let numa_nodes = if fleet.numa_nodes == 0 {
@@ -281,23 +281,28 @@ impl SimState {
 
     /// Checks invariants a hand-edited or damaged file might break, so the cdylib never indexes
     /// out of range.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), SimError> {
         if self.format != STATE_FORMAT {
-            return Err(format!(
-                "format {} is not the supported {STATE_FORMAT}",
-                self.format
-            ));
+            return Err(SimError::StateFormat {
+                format: self.format,
+            });
         }
         for (i, g) in self.gpus.iter().enumerate() {
             if g.index as usize != i {
-                return Err(format!("gpus[{i}] has index {}", g.index));
+                return Err(SimError::GpuIndex {
+                    position: i,
+                    index: g.index,
+                });
             }
-            let model = gpuops_catalog::lookup(&g.model).map_err(|e| format!("gpus[{i}]: {e}"))?;
+            let model = gpuops_catalog::lookup(&g.model).map_err(|source| SimError::GpuModel {
+                position: i,
+                source,
+            })?;
             if !g.gpu_instances.is_empty() && model.mig.is_none() {
-                return Err(format!(
-                    "gpus[{i}] ({}) has GPU instances but no MIG support",
-                    model.key
-                ));
+                return Err(SimError::InstancesWithoutMig {
+                    position: i,
+                    model: model.key,
+                });
             }
         }
         Ok(())
@@ -457,9 +462,14 @@ mod tests {
     fn check_rejects_inconsistent_state() {
         let mut s = SimState::from_fleet(&Fleet::resolve("l4x4").unwrap(), 0).unwrap();
         s.gpus[1].index = 7;
-        assert!(s.check().unwrap_err().contains("gpus[1]"));
+        assert!(s.check().unwrap_err().to_string().contains("gpus[1]"));
         s.gpus[1].index = 1;
         s.gpus[1].model = "H900".into();
-        assert!(s.check().unwrap_err().contains("unknown GPU model"));
+        assert!(
+            s.check()
+                .unwrap_err()
+                .to_string()
+                .contains("unknown GPU model")
+        );
     }
 }

@@ -104,9 +104,10 @@ impl Store {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        state
-            .check()
-            .map_err(|message| SimError::StateCorrupt { path, message })?;
+        state.check().map_err(|e| SimError::StateCorrupt {
+            path,
+            message: e.to_string(),
+        })?;
         Ok(state)
     }
 

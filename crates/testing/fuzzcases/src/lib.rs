@@ -136,7 +136,7 @@ pub fn mig_checkpoint(data: &[u8]) {
                 .unwrap_or_else(|e| panic!("written checkpoint does not parse: {e}\n{json}"));
             assert_eq!(again, c, "write -> read differs");
         }
-        Err(e) => names_origin(&e),
+        Err(e) => names_origin(&e.to_string()),
     }
 }
 

@@ -94,8 +94,12 @@ fn split_list(text: &str) -> Vec<String> {
 }
 
 /// Splits `12x what`, `12 x what`, `12xwhat`, `12*what`, `12×what` into the count and the rest;
-/// text without such a prefix is returned whole with no count.
-fn split_count(item: &str) -> Result<(Option<u32>, &str), String> {
+/// text without such a prefix is returned whole with no count. `bad` turns a reason into the
+/// error of the list the item is in.
+fn split_count<'a>(
+    item: &'a str,
+    bad: &dyn Fn(String) -> MigError,
+) -> Result<(Option<u32>, &'a str), MigError> {
     let s = item.trim();
     let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     if digits_end == 0 {
@@ -106,12 +110,15 @@ fn split_count(item: &str) -> Result<(Option<u32>, &str), String> {
         return Ok((None, s));
     };
     let digits = &s[..digits_end];
-    let count: u32 = digits
-        .parse()
-        .map_err(|_| format!("count {digits} is too large (at most {})", u32::MAX))?;
+    let count: u32 = digits.parse().map_err(|_| {
+        bad(format!(
+            "count {digits} is too large (at most {})",
+            u32::MAX
+        ))
+    })?;
     let what = after.trim();
     if what.is_empty() {
-        return Err(format!("nothing after the count {digits}x"));
+        return Err(bad(format!("nothing after the count {digits}x")));
     }
     Ok((Some(count), what))
 }
@@ -128,20 +135,20 @@ fn looks_like_profile(s: &str) -> bool {
 }
 
 /// Parses a memory size (`10GiB`, `10 GB`, `9.5GiB`, `5000MiB`) into MiB, rounded up.
-fn parse_memory(s: &str) -> Result<u64, String> {
+fn parse_memory(s: &str, bad: &dyn Fn(String) -> MigError) -> Result<u64, MigError> {
     let t = s.trim();
     let num_end = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = (&t[..num_end], t[num_end..].trim());
     if num.is_empty() {
-        return Err(format!(
+        return Err(bad(format!(
             "expected a MIG profile (e.g. 3g.40gb) or a memory size (e.g. 10GiB), got {t:?}"
-        ));
+        )));
     }
     let value: f64 = num
         .parse()
-        .map_err(|_| format!("invalid number {num:?} in memory size"))?;
+        .map_err(|_| bad(format!("invalid number {num:?} in memory size")))?;
     let mib_per_unit = match unit.to_ascii_lowercase().as_str() {
         "mib" | "mi" => 1.0,
         "gib" | "gi" => 1024.0,
@@ -150,44 +157,49 @@ fn parse_memory(s: &str) -> Result<u64, String> {
         "gb" => 1e9 / 1_048_576.0,
         "tb" => 1e12 / 1_048_576.0,
         "" => {
-            return Err(format!(
+            return Err(bad(format!(
                 "memory size {num} has no unit: write GiB, GB or MiB (e.g. {num}GiB)"
-            ));
+            )));
         }
         "g" | "m" | "t" => {
-            return Err(format!(
+            return Err(bad(format!(
                 "ambiguous unit {unit:?}: write {u}iB (binary) or {u}B (decimal)",
                 u = unit.to_ascii_uppercase()
-            ));
+            )));
         }
         other => {
-            return Err(format!(
+            return Err(bad(format!(
                 "unknown memory unit {other:?}: use GiB, GB, MiB, MB, TiB or TB"
-            ));
+            )));
         }
     };
     let mib = (value * mib_per_unit - 1e-9).ceil();
     if !mib.is_finite() || mib < 1.0 {
-        return Err("memory size must be at least 1 MiB".into());
+        return Err(bad("memory size must be at least 1 MiB".into()));
     }
     if mib > 1e12 {
-        return Err(format!("memory size {t} is implausibly large"));
+        return Err(bad(format!("memory size {t} is implausibly large")));
     }
     Ok(mib as u64)
 }
 
-/// Parses one demand item's text (already split from its neighbours).
-fn parse_demand_item(item: &str) -> Result<DemandItem, String> {
-    let (count, what) = split_count(item)?;
+/// Parses one demand item's text (already split from its neighbours), the `index`th of its list.
+fn parse_demand_item(index: usize, item: &str) -> Result<DemandItem, MigError> {
+    let bad = |reason: String| MigError::BadDemandItem {
+        index,
+        item: item.to_string(),
+        reason,
+    };
+    let (count, what) = split_count(item, &bad)?;
     let count = count.unwrap_or(1);
     if count == 0 {
-        return Err("count must be at least 1".into());
+        return Err(bad("count must be at least 1".into()));
     }
     if looks_like_profile(what) {
         let name: ProfileName = what
             .parse()
             .map_err(|e: gpuops_catalog::ProfileNameError| {
-                format!("invalid MIG profile name: {}", e.kind)
+                bad(format!("invalid MIG profile name: {}", e.kind))
             })?;
         Ok(DemandItem::Profile {
             profile: name.to_string(),
@@ -195,7 +207,7 @@ fn parse_demand_item(item: &str) -> Result<DemandItem, String> {
         })
     } else {
         Ok(DemandItem::Memory {
-            mib: parse_memory(what)?,
+            mib: parse_memory(what, &bad)?,
             count,
         })
     }
@@ -207,12 +219,7 @@ fn parse_demand_item(item: &str) -> Result<DemandItem, String> {
 pub fn parse_demand(text: &str) -> Result<Demand, MigError> {
     let mut items = Vec::new();
     for (index, item) in split_list(text).into_iter().enumerate() {
-        let parsed = parse_demand_item(&item).map_err(|reason| MigError::BadDemandItem {
-            index,
-            item: item.clone(),
-            reason,
-        })?;
-        items.push(parsed);
+        items.push(parse_demand_item(index, &item)?);
     }
     if items.is_empty() {
         return Err(MigError::EmptyDemand);
@@ -225,10 +232,11 @@ pub fn parse_demand(text: &str) -> Result<Demand, MigError> {
 pub fn parse_fleet(text: &str) -> Result<Vec<FleetOffer>, MigError> {
     let mut out = Vec::new();
     for item in split_list(text) {
-        let (count, name) = split_count(&item).map_err(|reason| MigError::BadFleetItem {
+        let bad = |reason: String| MigError::BadFleetItem {
             item: item.clone(),
             reason,
-        })?;
+        };
+        let (count, name) = split_count(&item, &bad)?;
         let model = gpuops_catalog::lookup(name).map_err(|_| MigError::UnknownModel {
             name: name.to_string(),
             known: gpuops_catalog::known_keys(),
