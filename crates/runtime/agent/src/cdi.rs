@@ -86,10 +86,6 @@ pub struct CdiConfig {
     pub options: SpecOptions,
 }
 
-fn err(root: &Path, what: impl std::fmt::Display) -> AgentError {
-    AgentError::Cdi(format!("driver root {}: {what}", root.display()))
-}
-
 /// `name` is `<base>.<version>` with a numeric version of at least two parts (`libcuda.so.550.54.15`),
 /// and that version is `driver_version` when known.
 fn versioned(name: &str, base: &str, driver_version: &str) -> bool {
@@ -196,8 +192,8 @@ pub fn update_ldcache(
     ldconfig: &Path,
 ) -> Result<(), AgentError> {
     let root =
-        cdi::hook_rootfs(oci_state, |p| std::fs::read_to_string(p)).map_err(AgentError::Invalid)?;
-    let conf = cdi::ldcache_conf(folders).map_err(AgentError::Invalid)?;
+        cdi::hook_rootfs(oci_state, |p| std::fs::read_to_string(p)).map_err(AgentError::CdiHook)?;
+    let conf = cdi::ldcache_conf(folders).map_err(AgentError::CdiHook)?;
     // The hook runs as root before the container's root is pivoted to: a link in the image
     // (etc -> /etc) would make it write on the host.
     let mut at = root.clone();
@@ -207,25 +203,25 @@ pub fn update_ldcache(
             .symlink_metadata()
             .is_ok_and(|m| m.file_type().is_symlink())
         {
-            return Err(AgentError::Invalid(format!(
-                "{} is a symlink in the container's image; not writing through it",
-                at.display()
-            )));
+            return Err(AgentError::CdiHookSymlink(at));
         }
     }
     gpuops_atomicfile::write(&root.join(cdi::LDCACHE_CONF), conf)
-        .map_err(|e| AgentError::Invalid(format!("{e}: {}", e.source)))?;
+        .map_err(|error| AgentError::CdiHookWrite { error })?;
     let status = std::process::Command::new(ldconfig)
         .arg("-r")
         .arg(&root)
         .status()
-        .map_err(|e| AgentError::Invalid(format!("running {}: {e}", ldconfig.display())))?;
+        .map_err(|error| AgentError::Ldconfig {
+            ldconfig: ldconfig.to_path_buf(),
+            error,
+        })?;
     if !status.success() {
-        return Err(AgentError::Invalid(format!(
-            "{} -r {}: {status}",
-            ldconfig.display(),
-            root.display()
-        )));
+        return Err(AgentError::LdconfigFailed {
+            ldconfig: ldconfig.to_path_buf(),
+            root,
+            status,
+        });
     }
     Ok(())
 }
@@ -235,11 +231,18 @@ pub fn update_ldcache(
 /// read is an error; finding no library is not (a node may have only the kernel driver yet, or
 /// be simulated): the spec then holds device nodes only.
 pub fn probe_driver(root: &Path, driver_version: &str) -> Result<DriverFiles, AgentError> {
-    let meta = std::fs::metadata(root).map_err(|e| err(root, e))?;
+    let root_buf = || root.to_path_buf();
+    let meta = std::fs::metadata(root).map_err(|error| AgentError::DriverRoot {
+        root: root_buf(),
+        error,
+    })?;
     if !meta.is_dir() {
-        return Err(err(root, "not a directory"));
+        return Err(AgentError::DriverRootNotDir { root: root_buf() });
     }
-    std::fs::read_dir(root).map_err(|e| err(root, format!("cannot be read: {e}")))?;
+    std::fs::read_dir(root).map_err(|error| AgentError::DriverRootUnreadable {
+        root: root_buf(),
+        error,
+    })?;
     let mut files = DriverFiles::default();
     let mut seen: BTreeSet<(u64, u64)> = BTreeSet::new();
     let mut dirs: Vec<String> = LIBRARY_DIRS.iter().map(|d| d.to_string()).collect();
@@ -323,10 +326,9 @@ fn build(
     host: &HostDevices,
     state: &NodeState,
     driver: &DriverFiles,
-) -> Result<CdiSpec, String> {
-    let spec =
-        cdi::spec(&state.inventory, host, driver, &cfg.options).map_err(|e| e.to_string())?;
-    cdi::validate(&spec).map_err(|p| format!("the spec is invalid: {}", p.join("; ")))?;
+) -> Result<CdiSpec, AgentError> {
+    let spec = cdi::spec(&state.inventory, host, driver, &cfg.options)?;
+    cdi::validate(&spec).map_err(AgentError::CdiSpecInvalid)?;
     Ok(spec)
 }
 
@@ -351,7 +353,7 @@ pub fn spawn(
     }
     let mut written: Option<CdiSpec> = None;
     if !first.inventory.gpus.is_empty() {
-        let spec = build(&cfg, &host, &first, &driver).map_err(AgentError::Cdi)?;
+        let spec = build(&cfg, &host, &first, &driver).map_err(|e| AgentError::Cdi(Box::new(e)))?;
         write(&cfg.path, &spec)?;
         written = Some(spec);
     }
@@ -379,11 +381,11 @@ pub fn spawn(
                 if written.as_ref() == Some(&spec) {
                     return Ok(());
                 }
-                write(&cfg.path, &spec).map_err(|e| e.to_string())?;
+                write(&cfg.path, &spec)?;
                 written = Some(spec);
                 Ok(())
             });
-            match result {
+            match result.map_err(|e| e.to_string()) {
                 Ok(()) => reported = None,
                 // Once per distinct problem; retried at every new state.
                 Err(e) if reported.as_ref() != Some(&e) => {
@@ -397,10 +399,8 @@ pub fn spawn(
 }
 
 fn write(path: &Path, spec: &CdiSpec) -> Result<(), AgentError> {
-    let text = serde_json::to_string_pretty(spec)
-        .map_err(|e| AgentError::Cdi(format!("serializing the CDI spec: {e}")))?;
-    gpuops_atomicfile::write(path, text + "\n")
-        .map_err(|e| AgentError::Cdi(format!("writing the CDI spec: {e}")))?;
+    let text = serde_json::to_string_pretty(spec).map_err(AgentError::CdiSerialize)?;
+    gpuops_atomicfile::write(path, text + "\n").map_err(AgentError::CdiWrite)?;
     tracing::info!(
         path = %path.display(),
         devices = spec.devices.len(),

@@ -3,6 +3,7 @@
 //! The config is resolved here whether or not the agent serves the device plugin: the node's
 //! labels (`nvidia.com/mig.strategy`, the MIG devices) need the same MIG strategy either way.
 
+use crate::error::AgentError;
 use crate::named::{LABEL, NamedConfigs};
 use crate::state::NodeState;
 use gpuops_deviceplugin::Published;
@@ -33,23 +34,25 @@ pub struct ConfigSource {
 
 impl ConfigSource {
     /// The effective config for the named config `label` (when configs are named).
-    pub fn resolve(&self, label: Option<&str>) -> Result<Config, String> {
+    pub fn resolve(&self, label: Option<&str>) -> Result<Config, AgentError> {
         let parsed = match (&self.file, &self.named) {
             (_, Some(configs)) => Some(
-                gpuops_resources::select_named(configs, label, self.default_name.as_deref())
-                    .map_err(|e| e.to_string())?
+                gpuops_resources::select_named(configs, label, self.default_name.as_deref())?
                     .config,
             ),
             (Some(path), None) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("reading device plugin config {}: {e}", path.display()))?;
+                let text =
+                    std::fs::read_to_string(path).map_err(|error| AgentError::ReadConfigFile {
+                        path: path.clone(),
+                        error,
+                    })?;
                 let origin = path.display().to_string();
-                let parsed = Config::parse(&text, &origin).map_err(|e| e.to_string())?;
+                let parsed = Config::parse(&text, &origin)?;
                 Some(crate::config_warnings::note(&origin, parsed))
             }
             (None, None) => None,
         };
-        Config::effective(parsed, &self.env, &self.flags).map_err(|e| e.to_string())
+        Ok(Config::effective(parsed, &self.env, &self.flags)?)
     }
 }
 
@@ -120,13 +123,12 @@ pub(crate) fn spawn(
         watch::Receiver<Arc<Published>>,
         JoinHandle<()>,
     ),
-    String,
+    AgentError,
 > {
     let config = source.resolve(None)?;
     let first = state.borrow_and_update().clone();
     let host = Arc::new(host);
-    let initial =
-        publish(&first.inventory, &config, &first.health, &host).map_err(|e| e.to_string())?;
+    let initial = publish(&first.inventory, &config, &first.health, &host)?;
     let (published, published_rx) = watch::channel(Arc::new(initial));
     let (configs, configs_rx) = watch::channel(Arc::new(config.clone()));
     let file_seen = source.file.as_ref().and_then(|f| modified(f));

@@ -5,7 +5,7 @@
 //!  XID thread (blocking NVML event wait) ──────────────────┤──> NodeState ──┬─> config + device plugin feed ─> plugin servers
 //!                                                          │                ├─> exporter (PodResources, render) ─> /metrics
 //!                                                          │                ├─> node reconciler (labels, condition, taint, annotation)
-//!  node watch (API server) ─> observed Node ───────────────┴────────────────┴─> MIG reconciler + executor (`gpuops mig` children)
+//!  node watch (API server) ─> observed Node ───────────────┴────────────────┴─> MIG reconciler + executor (gpuops-migexec, in-process)
 //! ```
 //!
 //! Nothing that waits on the network sits in the snapshot loop, so a hung API server or kubelet
@@ -164,6 +164,8 @@ impl Agent {
         // With a MIG flow the plugin advertises nothing until its first decision.
         let (busy_tx, busy_rx) = watch::channel(mig_flow.is_some());
         let (mig_report_tx, mig_report_rx) = watch::channel(None);
+        // The snapshot loop's NVML handle, shared with the MIG flow (one NVML per process).
+        let (opened_tx, opened_rx) = watch::channel(gpus.clone());
 
         let mut writer = None;
         let mut resync = Duration::from_secs(300);
@@ -216,7 +218,7 @@ impl Agent {
             node_rx.clone(),
             stop_rx.clone(),
         )
-        .map_err(AgentError::Config)?;
+        .map_err(|e| AgentError::Config(Box::new(e)))?;
         tasks.push(("config feed", feed_task));
 
         if let Some(dir) = config.plugin_dir {
@@ -281,6 +283,7 @@ impl Agent {
                 "MIG reconciler",
                 tokio::spawn(mig::run(
                     cfg,
+                    opened_rx,
                     w,
                     node_rx.clone(),
                     state_rx.clone(),
@@ -309,6 +312,7 @@ impl Agent {
                 policy: config.health_policy,
                 healthy,
                 live: Arc::clone(&probes.last_loop_ms),
+                opened: opened_tx,
             },
             state_tx,
             busy_rx,

@@ -5,21 +5,39 @@
 //! A change empties the device plugin's resources first and waits for the pods holding this node's
 //! GPUs, but never longer than the drain timeout: then the state is `failed`, the resources come
 //! back unchanged and the apply is retried with backoff (the node is never left wedged in
-//! `pending`). The apply itself runs as `gpuops mig apply` in a child process, with its checkpoint,
-//! so an agent killed half-way converges when it starts again. Every child has a deadline: one that
-//! overruns it is killed, the state is `failed` and the GPUs are advertised again.
+//! `pending`).
+//!
+//! The check and the apply run in this process, through gpuops-migexec (what `gpuops mig apply`
+//! and `assert` run), on the snapshot loop's NVML handle (one NVML per process; NVML is
+//! thread-safe), each on a blocking thread with a deadline. Not a child process: the agent calls
+//! NVML in-process anyway (snapshots, XIDs), so a child isolates no crash the agent is not already
+//! exposed to, and in-process the failures stay typed instead of being read back from a child's
+//! exit status and stderr. An apply past its deadline is cancelled: it stops before its next
+//! driver call (a call in progress cannot be interrupted, in a child or here), the state is
+//! `failed` and the GPUs are advertised again; while a call has not returned no other check or
+//! apply starts. The checkpoint (written before the first change) lets an agent killed half-way
+//! converge when it starts again.
+//!
+//! What happens after a failure follows its [`Category`]: a retryable one (busy devices, pods
+//! that did not leave, a deadline) is retried with backoff; a config the node cannot take waits
+//! for a new config (the label or the file changes); a hardware one (lost GPU, driver refusing,
+//! reset pending, driver not returning) is reported and retried only at the longest backoff.
 //!
 //! The flow does not write the Node itself: it publishes the state label and annotations it wants
 //! ([`MigReport`]) and the node reconciler keeps them there, so a write that failed is made again.
 
+use crate::error::{APPLY, AgentError, CHECK, chain};
 use crate::state::NodeState;
 use gpuops_inventory::Inventory;
 use gpuops_kube::{NodeWriter, now_secs, rfc3339};
 use gpuops_mig::config::NamedConfig;
+use gpuops_migexec::Category;
+use gpuops_nvml::Gpus;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -58,12 +76,16 @@ pub struct FlowConfig {
     pub drain_timeout: Duration,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
-    /// The `gpuops` binary the `mig` children run.
-    pub program: PathBuf,
-    /// The GPU-source flags for `gpuops mig …` (`--sim-state DIR` or `--nvml-lib PATH`).
-    pub gpu_flags: Vec<String>,
-    /// How long one child (`gpuops mig apply`, `assert`, a dry run) may run before it is killed.
-    pub child_timeout: Duration,
+    /// The MIG checkpoint file (`gpuops mig apply`'s: in the simulator state, else
+    /// /var/lib/gpuops/mig-checkpoint.json, unless GPUOPS_MIG_CHECKPOINT names one).
+    pub checkpoint: PathBuf,
+    /// A mig-parted hooks file run around each apply (MIG_PARTED_HOOKS_FILE).
+    pub hooks_file: Option<PathBuf>,
+    /// How long one check or apply may run before it is cancelled (`--mig-child-timeout`).
+    pub deadline: Duration,
+    /// Pause between driver calls (the test-only GPUOPS_MIG_STEP_DELAY, to widen the window in
+    /// which a test kills the agent half-way).
+    pub step_delay: Option<Duration>,
     /// Where to ask which pods hold GPUs; `None` skips the wait.
     pub pod_socket: Option<PathBuf>,
     /// Read the config file's text from this ConfigMap (`namespace`, `name`) through the API
@@ -92,25 +114,53 @@ impl State {
     }
 }
 
-/// What one attempt should do next, given the outcome of the checks (pure, tested).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What one attempt should do next, given the outcome of the check (pure, tested).
+#[derive(Debug)]
 enum Next {
     /// The config cannot be applied here: report it, no draining.
-    Invalid(String),
+    Invalid(AgentError),
     /// The GPUs already have the layout.
     AlreadyApplied,
     /// Drain, then apply.
     Apply,
 }
 
-fn next_step(dry_run: &Command, assert: &Command) -> Next {
-    if !dry_run.ok {
-        return Next::Invalid(dry_run.output.clone());
+/// `checked`: whether the GPUs already have the config, or why it cannot be planned here.
+fn next_step(checked: Result<bool, AgentError>) -> Next {
+    match checked {
+        Err(e) => Next::Invalid(e),
+        Ok(true) => Next::AlreadyApplied,
+        Ok(false) => Next::Apply,
     }
-    if assert.ok {
-        Next::AlreadyApplied
-    } else {
-        Next::Apply
+}
+
+/// When a failed config is tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    Now,
+    At(Instant),
+    /// Only once the node label or the config file changes.
+    OnNewConfig,
+}
+
+impl Retry {
+    /// After the `failures`-th failure in a row, of `category`.
+    fn after(category: Category, failures: u32, cfg: &FlowConfig, now: Instant) -> Retry {
+        match category {
+            Category::Retryable => {
+                Retry::At(now + backoff(failures, cfg.backoff_min, cfg.backoff_max))
+            }
+            Category::Config => Retry::OnNewConfig,
+            Category::Hardware => Retry::At(now + cfg.backoff_max),
+        }
+    }
+
+    fn due(self, now: Instant) -> bool {
+        match self {
+            Retry::Now => true,
+            Retry::At(t) => now >= t,
+            Retry::OnNewConfig => false,
+        }
     }
 }
 
@@ -120,64 +170,11 @@ fn backoff(failures: u32, min: Duration, max: Duration) -> Duration {
     min.saturating_mul(factor).min(max)
 }
 
-/// A finished child command.
-#[derive(Debug, Clone)]
-struct Command {
-    ok: bool,
-    /// stderr, or stdout when stderr is empty, trimmed.
-    output: String,
-}
-
-/// Runs `program args` to its end, or kills it at `timeout`.
-async fn gpuops(program: &std::path::Path, args: &[String], timeout: Duration) -> Command {
-    let child = tokio::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        // Killed when the deadline drops the future; an agent that stops leaves it running
-        // (its checkpoint lets the next agent converge).
-        .kill_on_drop(true)
-        .spawn();
-    let child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            return Command {
-                ok: false,
-                output: format!("cannot run {} {}: {e}", program.display(), args.join(" ")),
-            };
-        }
-    };
-    match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Ok(Ok(o)) => {
-            let stderr = String::from_utf8_lossy(&o.stderr).trim().to_string();
-            let output = if stderr.is_empty() {
-                String::from_utf8_lossy(&o.stdout).trim().to_string()
-            } else {
-                stderr.trim_start_matches("error: ").to_string()
-            };
-            Command {
-                ok: o.status.success(),
-                output,
-            }
-        }
-        Ok(Err(e)) => Command {
-            ok: false,
-            output: format!("gpuops {}: {e}", args.first().map_or("", |a| a.as_str())),
-        },
-        Err(_) => Command {
-            ok: false,
-            output: format!(
-                "gpuops {} did not finish within {timeout:?} and was killed",
-                args.iter().take(2).cloned().collect::<Vec<_>>().join(" ")
-            ),
-        },
-    }
-}
-
 /// The flow's loop. `busy` is true while the device plugin must advertise nothing.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     cfg: FlowConfig,
+    gpus: watch::Receiver<Option<Arc<Gpus>>>,
     node: NodeWriter,
     mut observed: watch::Receiver<Option<Arc<Node>>>,
     state: watch::Receiver<Arc<NodeState>>,
@@ -191,6 +188,8 @@ pub(crate) async fn run(
     };
     let mut flow = Flow {
         cfg,
+        gpus,
+        running: Arc::new(AtomicBool::new(false)),
         node,
         state,
         busy,
@@ -202,7 +201,9 @@ pub(crate) async fn run(
     // What was last applied successfully: (config name, config file text).
     let mut done: Option<(String, String)> = None;
     let mut failures = 0u32;
-    let mut retry_at: Option<Instant> = None;
+    let mut retry = Retry::Now;
+    // The last attempt failed because NVML was not loaded yet: tried again once it is.
+    let mut without_nvml = false;
     // The config file text of the last failed attempt: a new text is tried at once.
     let mut failed_text: Option<String> = None;
     // Since when the wanted config is missing from the file (name, since).
@@ -222,10 +223,13 @@ pub(crate) async fn run(
         let text = std::fs::read_to_string(&flow.cfg.config_file).unwrap_or_default();
         if let Some(name) = &wanted {
             let changed = done.as_ref() != Some(&(name.clone(), text.clone()));
-            if failed_text.as_ref().is_some_and(|t| *t != text) {
-                retry_at = None;
+            if failed_text.as_ref().is_some_and(|t| *t != text)
+                || (without_nvml && flow.gpus.borrow().is_some())
+            {
+                retry = Retry::Now;
+                without_nvml = false;
             }
-            let due = retry_at.is_none_or(|t| Instant::now() >= t);
+            let due = retry.due(Instant::now());
             let absent = config_absent(&text, name, &flow.cfg.config_file);
             let waiting = match (&missing, absent) {
                 (_, false) => {
@@ -244,21 +248,34 @@ pub(crate) async fn run(
                     Ok(()) => {
                         done = Some((name.clone(), text));
                         failures = 0;
-                        retry_at = None;
+                        retry = Retry::Now;
                         failed_text = None;
                     }
-                    Err(()) => {
+                    Err(e) => {
                         failures += 1;
-                        let wait = backoff(failures, flow.cfg.backoff_min, flow.cfg.backoff_max);
-                        tracing::warn!(config = %name, attempt = failures, retry_in = ?wait, "MIG config {name}: retrying in {wait:?} (attempt {failures} failed)");
-                        retry_at = Some(Instant::now() + wait);
+                        let now = Instant::now();
+                        let category = e.category();
+                        retry = Retry::after(category, failures, &flow.cfg, now);
+                        without_nvml = matches!(e, AgentError::MigNoNvml);
+                        match retry {
+                            Retry::At(at) => {
+                                let wait = at - now;
+                                if category == Category::Hardware {
+                                    tracing::error!(config = %name, attempt = failures, "MIG config {name}: the GPUs or their driver refused the change; someone has to look at the node");
+                                }
+                                tracing::warn!(config = %name, attempt = failures, retry_in = ?wait, "MIG config {name}: retrying in {wait:?} (attempt {failures} failed)");
+                            }
+                            Retry::OnNewConfig | Retry::Now => {
+                                tracing::warn!(config = %name, attempt = failures, "MIG config {name}: not retried until the node label or the config file changes (attempt {failures} failed)");
+                            }
+                        }
                         failed_text = Some(text);
                     }
                 }
             }
         } else {
             done = None;
-            retry_at = None;
+            retry = Retry::Now;
             failures = 0;
         }
         flow.publish_layout(done.as_ref().map(|(n, _)| n.as_str()))
@@ -280,7 +297,7 @@ pub(crate) async fn run(
                 // A new wanted config is tried at once, whatever the backoff.
                 let now = labels_of(&observed.borrow()).and_then(|l| l.get(CONFIG_LABEL).cloned());
                 if now != wanted {
-                    retry_at = None;
+                    retry = Retry::Now;
                     failures = 0;
                 }
             }
@@ -290,7 +307,7 @@ pub(crate) async fn run(
 }
 
 /// Keeps `file` a copy of the config key of the ConfigMap followed in `cm` (written atomically,
-/// only when it differs), so the flow and its `gpuops mig` children read a file either way.
+/// only when it differs), so the flow reads a file either way.
 pub(crate) async fn mirror_configmap(
     file: PathBuf,
     mut cm: watch::Receiver<Option<Arc<ConfigMap>>>,
@@ -392,6 +409,11 @@ fn layout_annotation(inv: &Inventory, held: &BTreeSet<String>, applied: Option<&
 
 struct Flow {
     cfg: FlowConfig,
+    /// The snapshot loop's NVML handle; `None` until NVML is loaded.
+    gpus: watch::Receiver<Option<Arc<Gpus>>>,
+    /// A check or apply is on a blocking thread (past its deadline: inside a driver call that
+    /// has not returned).
+    running: Arc<AtomicBool>,
     node: NodeWriter,
     state: watch::Receiver<Arc<NodeState>>,
     busy: watch::Sender<bool>,
@@ -426,38 +448,77 @@ impl Flow {
         }
     }
 
-    async fn child(&self, args: &[String]) -> Command {
-        gpuops(&self.cfg.program, args, self.cfg.child_timeout).await
+    /// Whether the GPUs already have config `name` of the config file (`gpuops mig assert`), or
+    /// why it cannot be planned here (`gpuops mig apply --dry-run` failing).
+    async fn check(&self, name: &str) -> Result<bool, AgentError> {
+        let (file, name, hooks) = (
+            self.cfg.config_file.display().to_string(),
+            name.to_string(),
+            self.cfg.hooks_file.clone(),
+        );
+        let gpus = self.gpus()?;
+        blocking(&self.running, CHECK, self.cfg.deadline, move |_cancel| {
+            let planned = gpuops_migexec::plan_named(&gpus, &file, &name, hooks.as_deref())?;
+            Ok(planned.applied())
+        })
+        .await
     }
 
-    fn mig_args(&self, verb: &str, name: &str, extra: &[&str]) -> Vec<String> {
-        let mut args: Vec<String> = ["mig", verb, "-f"].iter().map(|s| s.to_string()).collect();
-        args.push(self.cfg.config_file.display().to_string());
-        args.extend(["-c".to_string(), name.to_string()]);
-        args.extend(self.cfg.gpu_flags.iter().cloned());
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args
+    /// Applies config `name` as `gpuops mig apply` does (checkpoint, apply, converged check); a
+    /// MIG mode change left waiting for a GPU reset is a failure, as the command's exit status 2.
+    async fn apply(&self, name: &str) -> Result<(), AgentError> {
+        let opts = gpuops_migexec::Options {
+            config_name: name.to_string(),
+            config_file: self.cfg.config_file.display().to_string(),
+            step_delay: self.cfg.step_delay,
+            ..gpuops_migexec::Options::default()
+        };
+        let (hooks, checkpoint) = (self.cfg.hooks_file.clone(), self.cfg.checkpoint.clone());
+        let gpus = self.gpus()?;
+        blocking(&self.running, APPLY, self.cfg.deadline, move |cancel| {
+            let planned = gpuops_migexec::plan_named(
+                &gpus,
+                &opts.config_file,
+                &opts.config_name,
+                hooks.as_deref(),
+            )?;
+            let config = opts.config_name.clone();
+            let opts = gpuops_migexec::Options {
+                cancel: Some(cancel),
+                ..opts
+            };
+            let outcome = planned.apply(
+                &gpus,
+                opts,
+                &checkpoint,
+                |p| tracing::info!(config = %config, "MIG config {config}: {p}"),
+            )?;
+            let pending = outcome.pending_messages();
+            if pending.is_empty() {
+                Ok(())
+            } else {
+                Err(AgentError::MigPendingReset(pending))
+            }
+        })
+        .await
+    }
+
+    fn gpus(&self) -> Result<Arc<Gpus>, AgentError> {
+        self.gpus.borrow().clone().ok_or(AgentError::MigNoNvml)
     }
 
     /// One try at making the GPUs match config `name` of the config file `text`.
-    async fn attempt(&mut self, name: &str, text: &str) -> Result<(), ()> {
-        let dry_run = self
-            .child(&self.mig_args("apply", name, &["--dry-run"]))
-            .await;
-        let assert = if dry_run.ok {
-            self.child(&self.mig_args("assert", name, &[])).await
-        } else {
-            dry_run.clone()
-        };
-        match next_step(&dry_run, &assert) {
-            Next::Invalid(reason) => {
+    async fn attempt(&mut self, name: &str, text: &str) -> Result<(), AgentError> {
+        let checked = self.check(name).await;
+        match next_step(checked) {
+            Next::Invalid(e) => {
                 self.report(
                     State::Failed,
                     name,
-                    &format!("config {name} cannot be applied: {reason}"),
+                    &format!("config {name} cannot be applied: {}", chain(&e)),
                 )
                 .await;
-                Err(())
+                Err(e)
             }
             Next::AlreadyApplied => {
                 self.report(
@@ -486,14 +547,8 @@ impl Flow {
                         .and_then(|named| touched_devices(&self.state.borrow().inventory, &named));
                 self.busy.send_replace(true);
                 let result = match self.wait_for_gpu_pods(touched.as_ref()).await {
-                    Err(holders) => Err(format!(
-                        "timed out after {:?} waiting for pods using this node's GPUs to finish ({holders}); nothing was changed and the GPUs are advertised again",
-                        self.cfg.drain_timeout
-                    )),
-                    Ok(()) => {
-                        let apply = self.child(&self.mig_args("apply", name, &[])).await;
-                        if apply.ok { Ok(()) } else { Err(apply.output) }
-                    }
+                    Err(e) => Err(e),
+                    Ok(()) => self.apply(name).await,
                 };
                 // Back to advertising, whatever happened, from what the driver now has: the
                 // snapshot in hand may predate the change (MIG still off), and republishing from
@@ -506,14 +561,14 @@ impl Flow {
                             .await;
                         Ok(())
                     }
-                    Err(reason) => {
+                    Err(e) => {
                         self.report(
                             State::Failed,
                             name,
-                            &format!("applying MIG config {name} failed: {reason}"),
+                            &format!("applying MIG config {name} failed: {}", chain(&e)),
                         )
                         .await;
-                        Err(())
+                        Err(e)
                     }
                 }
             }
@@ -522,14 +577,18 @@ impl Flow {
 
     /// Which pods hold which of this node's devices: (device UUID, `namespace/pod`); `Err` when
     /// the kubelet does not answer. `None` without a PodResources socket.
-    async fn holders(&self) -> Option<Result<Vec<(String, String)>, String>> {
+    async fn holders(&self) -> Option<Result<Vec<(String, String)>, AgentError>> {
         let socket = self.cfg.pod_socket.clone()?;
-        let listed = tokio::time::timeout(
-            Duration::from_secs(10),
+        let wait = Duration::from_secs(10);
+        let listed = match tokio::time::timeout(
+            wait,
             crate::podresources::list_pod_resources(&socket, None),
         )
         .await
-        .unwrap_or_else(|_| Err("no answer within 10s".into()));
+        {
+            Ok(listed) => listed.map_err(AgentError::PodResources),
+            Err(_) => Err(AgentError::PodResourcesTimeout(wait)),
+        };
         Some(listed.map(|(assignments, _)| {
             let inv = Arc::clone(&self.state.borrow().inventory);
             let map = gpuops_metrics::PodMap::build(assignments.iter().cloned(), &inv);
@@ -576,7 +635,10 @@ impl Flow {
 
     /// Waits until no pod holds one of `touched` (every device of the node when `None`);
     /// `Err` names the holders at the timeout.
-    async fn wait_for_gpu_pods(&self, touched: Option<&BTreeSet<String>>) -> Result<(), String> {
+    async fn wait_for_gpu_pods(
+        &self,
+        touched: Option<&BTreeSet<String>>,
+    ) -> Result<(), AgentError> {
         let deadline = Instant::now() + self.cfg.drain_timeout;
         loop {
             let holders = match self.holders().await {
@@ -598,7 +660,10 @@ impl Flow {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(holders.join(", "));
+                return Err(AgentError::MigDrain {
+                    after: self.cfg.drain_timeout,
+                    holders,
+                });
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
@@ -640,6 +705,45 @@ impl Flow {
     }
 }
 
+/// Sets the flag when dropped.
+struct SetOnDrop(Arc<AtomicBool>, bool);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(self.1, Ordering::SeqCst);
+    }
+}
+
+/// Runs `job` on a blocking thread for at most `deadline`. Past it (or when the caller's future
+/// is dropped, the agent stopping) the job's cancel flag is set, and it is the job's to stop at
+/// its next driver call; the caller gets [`AgentError::MigDeadline`] at once. `running` is held
+/// until the job returns: a job still inside the driver refuses the next one.
+async fn blocking<T: Send + 'static>(
+    running: &Arc<AtomicBool>,
+    what: &'static str,
+    deadline: Duration,
+    job: impl FnOnce(Arc<AtomicBool>) -> Result<T, AgentError> + Send + 'static,
+) -> Result<T, AgentError> {
+    if running.swap(true, Ordering::SeqCst) {
+        return Err(AgentError::MigStillRunning(what));
+    }
+    let cancel = Arc::new(AtomicBool::new(false));
+    let _cancel_on_drop = SetOnDrop(Arc::clone(&cancel), true);
+    let (done, job_cancel) = (SetOnDrop(Arc::clone(running), false), Arc::clone(&cancel));
+    let task = tokio::task::spawn_blocking(move || {
+        let _done = done;
+        job(job_cancel)
+    });
+    match tokio::time::timeout(deadline, task).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => Err(AgentError::MigTask(e)),
+        Err(_) => Err(AgentError::MigDeadline {
+            what,
+            after: deadline,
+        }),
+    }
+}
+
 fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
@@ -655,28 +759,58 @@ fn truncate(text: &str, max: usize) -> String {
 mod tests {
     use super::*;
 
-    fn cmd(ok: bool, output: &str) -> Command {
-        Command {
-            ok,
-            output: output.into(),
+    #[test]
+    fn an_infeasible_config_fails_without_draining_and_an_applied_one_needs_nothing() {
+        let infeasible = AgentError::MigExec(gpuops_migexec::ExecError::Profile(
+            "2x 7g.80gb needs 14 of 7 compute slices".into(),
+        ));
+        match next_step(Err(infeasible)) {
+            Next::Invalid(e) => {
+                assert_eq!(chain(&e), "2x 7g.80gb needs 14 of 7 compute slices");
+                assert_eq!(e.category(), Category::Config);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(next_step(Ok(true)), Next::AlreadyApplied));
+        assert!(matches!(next_step(Ok(false)), Next::Apply));
+    }
+
+    fn flow_config() -> FlowConfig {
+        FlowConfig {
+            config_file: "/etc/mig.yaml".into(),
+            default_config: None,
+            drain_timeout: Duration::from_secs(300),
+            backoff_min: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(600),
+            checkpoint: "/var/lib/gpuops/mig-checkpoint.json".into(),
+            hooks_file: None,
+            deadline: Duration::from_secs(600),
+            step_delay: None,
+            pod_socket: None,
+            configmap: None,
         }
     }
 
     #[test]
-    fn an_infeasible_config_fails_without_draining_and_an_applied_one_needs_nothing() {
-        let infeasible = cmd(false, "2x 7g.80gb needs 14 of 7 compute slices");
+    fn a_retryable_failure_backs_off_a_config_waits_for_a_new_one_and_hardware_waits_longest() {
+        let (cfg, now) = (flow_config(), Instant::now());
+        let s = Duration::from_secs;
         assert_eq!(
-            next_step(&infeasible, &infeasible),
-            Next::Invalid("2x 7g.80gb needs 14 of 7 compute slices".into())
+            Retry::after(Category::Retryable, 1, &cfg, now),
+            Retry::At(now + s(10))
         );
         assert_eq!(
-            next_step(&cmd(true, ""), &cmd(true, "")),
-            Next::AlreadyApplied
+            Retry::after(Category::Retryable, 3, &cfg, now),
+            Retry::At(now + s(40))
         );
+        let config = Retry::after(Category::Config, 1, &cfg, now);
+        assert_eq!(config, Retry::OnNewConfig);
+        assert!(!config.due(now + s(86_400)), "a bad config is not retried");
         assert_eq!(
-            next_step(&cmd(true, ""), &cmd(false, "GPU 0 differs")),
-            Next::Apply
+            Retry::after(Category::Hardware, 1, &cfg, now),
+            Retry::At(now + s(600))
         );
+        assert!(Retry::At(now).due(now) && Retry::Now.due(now));
     }
 
     #[test]
@@ -810,56 +944,84 @@ mod tests {
 }
 
 #[cfg(test)]
-mod child_tests {
+mod deadline_tests {
     use super::*;
+    use std::sync::mpsc;
+
+    /// Waits (bounded) until `running` is clear: the blocking job returned.
+    async fn returned(running: &AtomicBool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the job never returned");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 
     #[tokio::test]
-    async fn a_child_that_overruns_its_deadline_is_killed_and_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let pid_file = dir.path().join("pid");
-        let script = dir.path().join("slow-gpuops");
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\necho $$ > {}\nexec sleep 30\n",
-                pid_file.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        let args = ["mig".to_string(), "apply".to_string()];
-        let done = gpuops(&script, &args, Duration::from_millis(500)).await;
-        assert!(!done.ok);
-        assert!(
-            done.output
-                .contains("did not finish within 500ms and was killed"),
-            "{}",
-            done.output
-        );
-        let pid = std::fs::read_to_string(&pid_file)
-            .unwrap()
-            .trim()
-            .to_string();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        // Gone, or a zombie waiting for tokio's reaper: either way no longer running.
-        let running = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                s.rsplit(')')
-                    .next()
-                    .is_some_and(|r| !r.trim_start().starts_with('Z'))
-            })
-        };
-        while running() {
-            assert!(Instant::now() < deadline, "child {pid} still runs");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let quick = gpuops(
-            std::path::Path::new("/bin/true"),
-            &args,
-            Duration::from_secs(10),
-        )
+    async fn a_job_that_overruns_its_deadline_is_cancelled_and_reported() {
+        let running = Arc::new(AtomicBool::new(false));
+        let (saw_cancel_tx, saw_cancel) = mpsc::channel();
+        let done = blocking(&running, APPLY, Duration::from_millis(500), move |cancel| {
+            // A slow apply: a driver step at a time, checking for the cancel in between.
+            while !cancel.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = saw_cancel_tx.send(());
+            Ok(())
+        })
         .await;
-        assert!(quick.ok, "{}", quick.output);
+        let e = done.unwrap_err();
+        assert!(e.to_string().contains("did not finish within 500ms"), "{e}");
+        assert_eq!(e.category(), Category::Retryable);
+        // The job saw the cancel and stopped.
+        returned(&running).await;
+        saw_cancel
+            .recv_timeout(Duration::from_secs(1))
+            .expect("the job saw its cancel");
+        let quick = blocking(&running, CHECK, Duration::from_secs(10), |_| Ok(7)).await;
+        assert_eq!(quick.unwrap(), 7);
+    }
+
+    #[tokio::test]
+    async fn while_a_driver_call_has_not_returned_no_other_job_starts() {
+        let running = Arc::new(AtomicBool::new(false));
+        let (release, hung) = mpsc::channel::<()>();
+        // A driver call that ignores the cancel until released.
+        let first = blocking(&running, APPLY, Duration::from_millis(100), move |_| {
+            let _ = hung.recv();
+            Ok(())
+        })
+        .await;
+        assert!(matches!(first, Err(AgentError::MigDeadline { .. })));
+        let started = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&started);
+        let second = blocking(&running, CHECK, Duration::from_secs(10), move |_| {
+            s.store(true, Ordering::SeqCst);
+            Ok(())
+        })
+        .await;
+        let e = second.unwrap_err();
+        assert!(matches!(e, AgentError::MigStillRunning(CHECK)), "{e}");
+        assert_eq!(e.category(), Category::Hardware);
+        assert!(!started.load(Ordering::SeqCst));
+        release.send(()).unwrap();
+        returned(&running).await;
+        assert!(
+            blocking(&running, CHECK, Duration::from_secs(10), |_| Ok(()))
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_a_failure_and_frees_the_next() {
+        let running = Arc::new(AtomicBool::new(false));
+        let e = blocking::<()>(&running, APPLY, Duration::from_secs(10), |_| {
+            panic!("driver wrapper bug")
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(e, AgentError::MigTask(_)), "{e}");
+        assert!(!running.load(Ordering::SeqCst));
     }
 }

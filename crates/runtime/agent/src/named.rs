@@ -16,8 +16,11 @@ pub const LABEL: &str = "nvidia.com/device-plugin.config";
 /// `NAME.json` is the config `NAME`. Hidden files (a ConfigMap mount's `..data` links) are skipped.
 pub fn load_dir(dir: &Path) -> Result<NamedConfigs, AgentError> {
     let mut configs = BTreeMap::new();
-    let unreadable = |e: std::io::Error| {
-        AgentError::Config(format!("reading config directory {}: {e}", dir.display()))
+    let unreadable = |error: std::io::Error| {
+        AgentError::Config(Box::new(AgentError::ReadConfigDir {
+            dir: dir.to_path_buf(),
+            error,
+        }))
     };
     for entry in std::fs::read_dir(dir).map_err(unreadable)? {
         let path = entry.map_err(unreadable)?.path();
@@ -32,11 +35,15 @@ pub fn load_dir(dir: &Path) -> Result<NamedConfigs, AgentError> {
             .find_map(|ext| file.strip_suffix(&format!(".{ext}")))
             .unwrap_or(file)
             .to_string();
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| AgentError::Config(format!("reading {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path).map_err(|error| {
+            AgentError::Config(Box::new(AgentError::ReadNamedConfig {
+                path: path.clone(),
+                error,
+            }))
+        })?;
         let origin = path.display().to_string();
-        let config =
-            Config::parse(&text, &origin).map_err(|e| AgentError::Config(e.to_string()))?;
+        let config = Config::parse(&text, &origin)
+            .map_err(|e| AgentError::Config(Box::new(AgentError::Resources(e))))?;
         configs.insert(name, crate::config_warnings::note(&origin, config));
     }
     Ok(configs)

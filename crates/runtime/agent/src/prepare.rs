@@ -31,7 +31,15 @@ pub struct NodeSettings {
     pub mig_config_configmap: Option<String>,
     pub mig_drain_timeout: Duration,
     pub mig_retry: Duration,
+    /// How long one MIG check or apply may run (`--mig-child-timeout`, named when they were
+    /// child processes).
     pub mig_child_timeout: Duration,
+    /// GPUOPS_MIG_CHECKPOINT: the MIG checkpoint file instead of the default.
+    pub mig_checkpoint: Option<PathBuf>,
+    /// MIG_PARTED_HOOKS_FILE: mig-parted hooks run around each MIG apply.
+    pub mig_hooks_file: Option<PathBuf>,
+    /// Pause between MIG driver calls (the test-only GPUOPS_MIG_STEP_DELAY).
+    pub mig_step_delay: Option<Duration>,
     pub node_resync: Duration,
     pub client: gpuops_kube::ClientOptions,
 }
@@ -46,32 +54,25 @@ pub struct GpuOrigin {
 }
 
 impl GpuOrigin {
-    /// The GPU-source flags the `gpuops mig` children need to reach the same GPUs.
-    pub fn mig_child_flags(&self) -> Vec<String> {
-        match (&self.sim_state, &self.nvml_lib) {
-            (Some(state), _) => vec!["--sim-state".into(), state.display().to_string()],
-            (None, Some(lib)) => vec!["--nvml-lib".into(), lib.display().to_string()],
-            (None, None) => Vec::new(),
-        }
+    /// The MIG checkpoint `gpuops mig apply` keeps for the same GPUs (`given` first).
+    pub fn mig_checkpoint(&self, given: Option<&Path>) -> PathBuf {
+        gpuops_migexec::checkpoint_path(given, self.sim_state.as_deref())
     }
 }
 
 /// The agent's Kubernetes side. `named_configs`: device plugin configs picked by a node label
-/// (the node is then watched even when nothing is written). `program` is the `gpuops` binary the
-/// MIG flow runs.
+/// (the node is then watched even when nothing is written).
 pub fn kube_config(
     s: &NodeSettings,
     named_configs: bool,
     gpus: &GpuOrigin,
     pod_socket: Option<PathBuf>,
-    program: impl FnOnce() -> std::io::Result<PathBuf>,
 ) -> Result<Option<KubeConfig>, AgentError> {
-    let startup = StartupTaint::parse(&s.startup_taint)
-        .map_err(|e| AgentError::Invalid(format!("--startup-taint {e}")))?;
+    let startup = StartupTaint::parse(&s.startup_taint).map_err(AgentError::StartupTaint)?;
     if !s.kubernetes {
         if s.mig_config_file.is_some() || s.taint_unhealthy || s.nfd_features_file.is_some() {
-            return Err(AgentError::Invalid(
-                "--mig-config-file, --taint-unhealthy and --nfd-features-file act on the Kubernetes node: add --kubernetes".into(),
+            return Err(AgentError::Flags(
+                "--mig-config-file, --taint-unhealthy and --nfd-features-file act on the Kubernetes node: add --kubernetes",
             ));
         }
         // Named configs follow a node label: watch the node, write nothing.
@@ -88,16 +89,12 @@ pub fn kube_config(
             Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
                 Some((ns.to_string(), name.to_string()))
             }
-            _ => {
-                return Err(AgentError::Invalid(format!(
-                    "--mig-config-configmap {v:?}: expected NAMESPACE/NAME"
-                )));
-            }
+            _ => return Err(AgentError::ConfigMapFlag(v.clone())),
         },
     };
     if configmap.is_some() && s.mig_config_file.is_none() {
-        return Err(AgentError::Invalid(
-            "--mig-config-configmap needs --mig-config-file (where the copy is kept)".into(),
+        return Err(AgentError::Flags(
+            "--mig-config-configmap needs --mig-config-file (where the copy is kept)",
         ));
     }
     let mig = match &s.mig_config_file {
@@ -113,10 +110,10 @@ pub fn kube_config(
                 drain_timeout: s.mig_drain_timeout,
                 backoff_min: s.mig_retry,
                 backoff_max: Duration::from_secs(600),
-                program: program()
-                    .map_err(|e| AgentError::Invalid(format!("locating the gpuops binary: {e}")))?,
-                gpu_flags: gpus.mig_child_flags(),
-                child_timeout: s.mig_child_timeout,
+                checkpoint: gpus.mig_checkpoint(s.mig_checkpoint.as_deref()),
+                hooks_file: s.mig_hooks_file.clone(),
+                deadline: s.mig_child_timeout,
+                step_delay: s.mig_step_delay,
                 pod_socket,
                 configmap,
             })
@@ -239,7 +236,9 @@ pub fn config_source(
         flags,
         env,
     };
-    let config = source.resolve(None).map_err(AgentError::Config)?;
+    let config = source
+        .resolve(None)
+        .map_err(|e| AgentError::Config(Box::new(e)))?;
     Ok((source, config))
 }
 
@@ -277,9 +276,7 @@ pub fn open_gpus(
             );
             Ok(None)
         }
-        Err(e) => Err(AgentError::Invalid(format!(
-            "{e}. {NVML_HINTS}; or set FAIL_ON_INIT_ERROR=false to keep the agent up without GPUs"
-        ))),
+        Err(e) => Err(AgentError::NvmlRequired(Box::new(e))),
     }
 }
 
@@ -382,7 +379,7 @@ pub fn health_policy(
         vars("DP_ENABLE_HEALTHCHECKS").as_deref(),
         quiet.as_millis() as u64,
     )
-    .map_err(AgentError::Invalid)
+    .map_err(AgentError::HealthPolicy)
 }
 
 #[cfg(test)]
@@ -403,13 +400,12 @@ mod tests {
             mig_drain_timeout: Duration::from_secs(300),
             mig_retry: Duration::from_secs(30),
             mig_child_timeout: Duration::from_secs(600),
+            mig_checkpoint: None,
+            mig_hooks_file: None,
+            mig_step_delay: None,
             node_resync: Duration::from_secs(300),
             client: gpuops_kube::ClientOptions::default(),
         }
-    }
-
-    fn program() -> std::io::Result<PathBuf> {
-        Ok(PathBuf::from("/usr/bin/gpuops"))
     }
 
     #[test]
@@ -417,7 +413,7 @@ mod tests {
         let mut s = settings();
         s.mig_config_file = Some(PathBuf::from("/tmp/mig.yaml"));
         s.mig_config_configmap = Some("gpuops/gpuops-mig-config".into());
-        let k = kube_config(&s, false, &GpuOrigin::default(), None, program)
+        let k = kube_config(&s, false, &GpuOrigin::default(), None)
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -426,7 +422,7 @@ mod tests {
         );
         for bad in ["gpuops-mig-config", "/name", "ns/", "a/b/c"] {
             s.mig_config_configmap = Some(bad.into());
-            let e = kube_config(&s, false, &GpuOrigin::default(), None, program)
+            let e = kube_config(&s, false, &GpuOrigin::default(), None)
                 .err()
                 .unwrap()
                 .to_string();
@@ -439,7 +435,7 @@ mod tests {
         }
         s.mig_config_file = None;
         s.mig_config_configmap = Some("gpuops/gpuops-mig-config".into());
-        let e = kube_config(&s, false, &GpuOrigin::default(), None, program)
+        let e = kube_config(&s, false, &GpuOrigin::default(), None)
             .err()
             .unwrap()
             .to_string();
@@ -448,7 +444,7 @@ mod tests {
 
     #[test]
     fn the_startup_taint_is_on_by_default_and_an_empty_flag_turns_it_off() {
-        let k = kube_config(&settings(), false, &GpuOrigin::default(), None, program)
+        let k = kube_config(&settings(), false, &GpuOrigin::default(), None)
             .unwrap()
             .unwrap();
         let startup = k.node.unwrap().startup.unwrap();
@@ -459,7 +455,7 @@ mod tests {
             ..settings()
         };
         // Nothing else to write: no node reconciler at all.
-        let k = kube_config(&off, false, &GpuOrigin::default(), None, program)
+        let k = kube_config(&off, false, &GpuOrigin::default(), None)
             .unwrap()
             .unwrap();
         assert!(k.node.is_none());
@@ -471,7 +467,7 @@ mod tests {
             startup_taint: "gpuops.io/x:Never".into(),
             ..settings()
         };
-        let e = kube_config(&bad, false, &GpuOrigin::default(), None, program).unwrap_err();
+        let e = kube_config(&bad, false, &GpuOrigin::default(), None).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("--startup-taint \"gpuops.io/x:Never\": the effect \"Never\""),
@@ -482,13 +478,13 @@ mod tests {
             taint_unhealthy: true,
             ..settings()
         };
-        let e = kube_config(&off, false, &GpuOrigin::default(), None, program).unwrap_err();
+        let e = kube_config(&off, false, &GpuOrigin::default(), None).unwrap_err();
         assert!(e.to_string().contains("add --kubernetes"), "{e}");
         let plain = NodeSettings {
             kubernetes: false,
             ..settings()
         };
-        let k = kube_config(&plain, true, &GpuOrigin::default(), None, program).unwrap();
+        let k = kube_config(&plain, true, &GpuOrigin::default(), None).unwrap();
         assert!(k.is_some_and(|k| k.node.is_none()));
     }
 
@@ -504,12 +500,22 @@ mod tests {
             sim_state: Some(PathBuf::from("/tmp/n1")),
             nvml_lib: None,
         };
-        let k = kube_config(&with_mig, false, &sim, None, program)
-            .unwrap()
-            .unwrap();
+        let k = kube_config(&with_mig, false, &sim, None).unwrap().unwrap();
         let flow = k.mig.unwrap();
-        assert_eq!(flow.gpu_flags, ["--sim-state", "/tmp/n1"]);
-        assert_eq!(flow.program, PathBuf::from("/usr/bin/gpuops"));
+        // The same GPUs, so the same checkpoint as `gpuops mig apply --sim-state /tmp/n1`.
+        assert_eq!(
+            flow.checkpoint,
+            PathBuf::from("/tmp/n1/mig-checkpoint.json")
+        );
+        let given = NodeSettings {
+            mig_checkpoint: Some(PathBuf::from("/data/cp.json")),
+            ..with_mig.clone()
+        };
+        let other = kube_config(&given, false, &sim, None).unwrap().unwrap();
+        assert_eq!(
+            other.mig.unwrap().checkpoint,
+            PathBuf::from("/data/cp.json")
+        );
         let startup = k.node.unwrap().startup.unwrap();
         assert_eq!(
             startup.mig_config_file,

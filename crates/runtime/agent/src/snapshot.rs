@@ -4,6 +4,7 @@
 //! call that hangs delays nothing else: XIDs still turn devices unhealthy, shutdown still stops.
 
 use crate::changes::changes;
+use crate::error::AgentError;
 use crate::state::{NodeState, monotonic_ms};
 use crate::xid::{Report, describe_event};
 use backon::BackoffBuilder;
@@ -32,10 +33,12 @@ pub(crate) struct Loop {
     /// The GPUs the XID thread should watch.
     pub healthy: Arc<Mutex<Vec<u32>>>,
     pub live: Arc<AtomicU64>,
+    /// The NVML handle, for the MIG flow to apply through, once it is loaded here.
+    pub opened: watch::Sender<Option<Arc<Gpus>>>,
 }
 
 type Snapshot = JoinHandle<Result<Inventory, NvmlError>>;
-type Opening = JoinHandle<Result<Gpus, String>>;
+type Opening = JoinHandle<Result<Gpus, AgentError>>;
 
 /// Starts the XID thread on `gpus`.
 fn start_xids(l: &Loop, gpus: &Arc<Gpus>) -> Option<std::thread::JoinHandle<()>> {
@@ -58,7 +61,7 @@ fn start_xids(l: &Loop, gpus: &Arc<Gpus>) -> Option<std::thread::JoinHandle<()>>
 }
 
 /// Tries each library in turn (paths that do not exist are skipped); the error names them all.
-pub fn open_first(libraries: &[Library], sysfs_root: &std::path::Path) -> Result<Gpus, String> {
+pub fn open_first(libraries: &[Library], sysfs_root: &std::path::Path) -> Result<Gpus, AgentError> {
     let mut errors = Vec::new();
     let mut missing = Vec::new();
     for library in libraries {
@@ -67,18 +70,15 @@ pub fn open_first(libraries: &[Library], sysfs_root: &std::path::Path) -> Result
             && libraries.len() > 1
             && !path.exists()
         {
-            missing.push(path.display().to_string());
+            missing.push(path.clone());
             continue;
         }
         match Gpus::open(library.clone()) {
             Ok(g) => return Ok(g.with_sysfs_root(sysfs_root)),
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
     }
-    if !missing.is_empty() {
-        errors.insert(0, format!("no NVML library at {}", missing.join(", ")));
-    }
-    Err(errors.join("; "))
+    Err(AgentError::NvmlOpen { missing, errors })
 }
 
 /// Runs until `shutdown` resolves; returns the XID thread to join.
@@ -148,6 +148,7 @@ pub(crate) async fn run(
                     Ok(Ok(g)) => {
                         tracing::info!(library = %g.library().describe(), "NVML loaded from {}: reading the GPUs", g.library().describe());
                         let g = Arc::new(g);
+                        l.opened.send_replace(Some(Arc::clone(&g)));
                         xid_thread = start_xids(&l, &g);
                         l.gpus = Some(g);
                         state.nvml_loaded = true;
@@ -155,6 +156,7 @@ pub(crate) async fn run(
                     }
                     Ok(Err(e)) => {
                         let wait = open_delays.next().unwrap_or(Duration::from_secs(300));
+                        let e = e.to_string();
                         if open_error.as_deref() != Some(e.as_str()) {
                             tracing::warn!(error = %e, retry_in = ?wait, "NVML still cannot be loaded: {e}; retrying with backoff");
                             open_error = Some(e);
@@ -279,7 +281,7 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 
 async fn join_open(
     opening: &mut Option<Opening>,
-) -> Result<Result<Gpus, String>, tokio::task::JoinError> {
+) -> Result<Result<Gpus, AgentError>, tokio::task::JoinError> {
     match opening {
         Some(task) => task.await,
         None => std::future::pending().await,
@@ -409,6 +411,7 @@ mod tests {
             policy: HealthPolicy::from_env(None, None, 60_000).unwrap(),
             healthy: Arc::new(Mutex::new(Vec::new())),
             live: Arc::new(AtomicU64::new(0)),
+            opened: watch::channel(None).0,
         };
         let task = tokio::spawn(run(l, state_tx, busy_rx, reports_rx, async {
             let _ = stop_rx.await;
@@ -477,6 +480,7 @@ mod tests {
             policy: HealthPolicy::from_env(None, None, 60_000).unwrap(),
             healthy: Arc::new(Mutex::new(Vec::new())),
             live: Arc::clone(&live),
+            opened: watch::channel(None).0,
         };
         let task = tokio::spawn(run(l, state_tx, busy_rx, reports_rx, async {
             let _ = stop_rx.await;

@@ -4,6 +4,7 @@
 //! Pure: the node reconciler feeds it the snapshot, the device plugin config, the MIG config the
 //! node asks for and the observed allocatable, and removes the taint on [`Readiness::Ready`].
 
+use crate::error::AgentError;
 use gpuops_inventory::{Inventory, MigDevice};
 use gpuops_mig::config::NamedConfig;
 use gpuops_resources::config::Config;
@@ -123,13 +124,13 @@ pub fn expected_devices(
     inv: &Inventory,
     config: &Config,
     mig: MigWanted<'_>,
-) -> Result<BTreeMap<String, u64>, String> {
+) -> Result<BTreeMap<String, u64>, AgentError> {
     let target = match mig {
         MigWanted::Current => inv.clone(),
-        MigWanted::Broken(why) => return Err(why.to_string()),
+        MigWanted::Broken(why) => return Err(AgentError::MigConfigBroken(why.to_string())),
         MigWanted::Config(named) => with_layout(inv, named)?,
     };
-    let resources = gpuops_resources::resources(&target, config).map_err(|e| e.to_string())?;
+    let resources = gpuops_resources::resources(&target, config)?;
     Ok(resources
         .iter()
         .map(|r| (r.name.clone(), r.devices.len() as u64))
@@ -137,8 +138,8 @@ pub fn expected_devices(
 }
 
 /// `inv` with each GPU the config selects switched to the MIG mode and devices it asks for.
-fn with_layout(inv: &Inventory, named: &NamedConfig) -> Result<Inventory, String> {
-    let selected = gpuops_mig::select::select(named, &inv.gpus).map_err(|e| e.to_string())?;
+fn with_layout(inv: &Inventory, named: &NamedConfig) -> Result<Inventory, AgentError> {
+    let selected = gpuops_mig::select::select(named, &inv.gpus)?;
     let mut target = inv.clone();
     for s in selected {
         let Some(gpu) = target.gpus.iter_mut().find(|g| g.index == s.gpu) else {

@@ -149,10 +149,14 @@ pub struct NodeFlags {
     /// First wait before retrying a failed MIG change (doubles up to 10m).
     #[arg(long, env = "GPUOPS_MIG_RETRY", default_value = "30s", value_parser = super::parse_duration)]
     mig_retry: Duration,
-    /// How long one `gpuops mig` child (apply, assert, dry run) may run before it is killed and
-    /// the change counts as failed (the GPUs are advertised again).
+    /// How long one MIG check or apply may run before it is cancelled (it stops before its next
+    /// driver call) and the change counts as failed (the GPUs are advertised again).
     #[arg(long, env = "GPUOPS_MIG_CHILD_TIMEOUT", default_value = "10m", value_parser = super::parse_duration)]
     mig_child_timeout: Duration,
+    /// Pause between MIG driver calls (test-only, cargo feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
+    #[arg(long, hide = true, env = "GPUOPS_MIG_STEP_DELAY", value_parser = super::parse_duration)]
+    mig_step_delay: Option<Duration>,
     /// How often the node's labels, condition, taint and annotations are checked against the Node
     /// even when nothing changed (what someone else removed comes back; the condition's
     /// heartbeat is refreshed).
@@ -453,7 +457,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.config_dir.is_some(),
         &origin,
         pod_socket.clone(),
-        std::env::current_exe,
     )?;
     let metrics = metrics_listener.map(|listener| MetricsConfig {
         hostname_label: args.c.hostname_label,
@@ -490,6 +493,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A path from an environment variable; unset or empty: none.
+fn env_path(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 impl NodeFlags {
     fn settings(&self) -> prepare::NodeSettings {
         prepare::NodeSettings {
@@ -505,6 +515,14 @@ impl NodeFlags {
             mig_drain_timeout: self.mig_drain_timeout,
             mig_retry: self.mig_retry,
             mig_child_timeout: self.mig_child_timeout,
+            // What the `gpuops mig apply` children the agent ran before read from the
+            // environment they inherited.
+            mig_checkpoint: env_path("GPUOPS_MIG_CHECKPOINT"),
+            mig_hooks_file: env_path("MIG_PARTED_HOOKS_FILE"),
+            #[cfg(feature = "test-hooks")]
+            mig_step_delay: self.mig_step_delay,
+            #[cfg(not(feature = "test-hooks"))]
+            mig_step_delay: None,
             node_resync: self.node_resync,
             client: gpuops_kube::ClientOptions {
                 kubeconfig: self.kubeconfig.clone(),
