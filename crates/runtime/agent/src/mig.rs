@@ -448,59 +448,12 @@ impl Flow {
         }
     }
 
-    /// Whether the GPUs already have config `name` of the config file (`gpuops mig assert`), or
-    /// why it cannot be planned here (`gpuops mig apply --dry-run` failing).
     async fn check(&self, name: &str) -> Result<bool, AgentError> {
-        let (file, name, hooks) = (
-            self.cfg.config_file.display().to_string(),
-            name.to_string(),
-            self.cfg.hooks_file.clone(),
-        );
-        let gpus = self.gpus()?;
-        blocking(&self.running, CHECK, self.cfg.deadline, move |_cancel| {
-            let planned = gpuops_migexec::plan_named(&gpus, &file, &name, hooks.as_deref())?;
-            Ok(planned.applied())
-        })
-        .await
+        check_config(&self.cfg, self.gpus()?, &self.running, name).await
     }
 
-    /// Applies config `name` as `gpuops mig apply` does (checkpoint, apply, converged check); a
-    /// MIG mode change left waiting for a GPU reset is a failure, as the command's exit status 2.
     async fn apply(&self, name: &str) -> Result<(), AgentError> {
-        let opts = gpuops_migexec::Options {
-            config_name: name.to_string(),
-            config_file: self.cfg.config_file.display().to_string(),
-            step_delay: self.cfg.step_delay,
-            ..gpuops_migexec::Options::default()
-        };
-        let (hooks, checkpoint) = (self.cfg.hooks_file.clone(), self.cfg.checkpoint.clone());
-        let gpus = self.gpus()?;
-        blocking(&self.running, APPLY, self.cfg.deadline, move |cancel| {
-            let planned = gpuops_migexec::plan_named(
-                &gpus,
-                &opts.config_file,
-                &opts.config_name,
-                hooks.as_deref(),
-            )?;
-            let config = opts.config_name.clone();
-            let opts = gpuops_migexec::Options {
-                cancel: Some(cancel),
-                ..opts
-            };
-            let outcome = planned.apply(
-                &gpus,
-                opts,
-                &checkpoint,
-                |p| tracing::info!(config = %config, "MIG config {config}: {p}"),
-            )?;
-            let pending = outcome.pending_messages();
-            if pending.is_empty() {
-                Ok(())
-            } else {
-                Err(AgentError::MigPendingReset(pending))
-            }
-        })
-        .await
+        apply_config(&self.cfg, self.gpus()?, &self.running, name).await
     }
 
     fn gpus(&self) -> Result<Arc<Gpus>, AgentError> {
@@ -703,6 +656,69 @@ impl Flow {
         });
         self.reported = Some((state, message.to_string()));
     }
+}
+
+/// Whether the GPUs already have config `name` of the config file (`gpuops mig assert`), or
+/// why it cannot be planned here (`gpuops mig apply --dry-run` failing).
+async fn check_config(
+    cfg: &FlowConfig,
+    gpus: Arc<Gpus>,
+    running: &Arc<AtomicBool>,
+    name: &str,
+) -> Result<bool, AgentError> {
+    let (file, name, hooks) = (
+        cfg.config_file.display().to_string(),
+        name.to_string(),
+        cfg.hooks_file.clone(),
+    );
+    blocking(running, CHECK, cfg.deadline, move |_cancel| {
+        let planned = gpuops_migexec::plan_named(&gpus, &file, &name, hooks.as_deref())?;
+        Ok(planned.applied())
+    })
+    .await
+}
+
+/// Applies config `name` as `gpuops mig apply` does (checkpoint, apply, converged check); a
+/// MIG mode change left waiting for a GPU reset is a failure, as the command's exit status 2.
+async fn apply_config(
+    cfg: &FlowConfig,
+    gpus: Arc<Gpus>,
+    running: &Arc<AtomicBool>,
+    name: &str,
+) -> Result<(), AgentError> {
+    let opts = gpuops_migexec::Options {
+        config_name: name.to_string(),
+        config_file: cfg.config_file.display().to_string(),
+        step_delay: cfg.step_delay,
+        ..gpuops_migexec::Options::default()
+    };
+    let (hooks, checkpoint) = (cfg.hooks_file.clone(), cfg.checkpoint.clone());
+    blocking(running, APPLY, cfg.deadline, move |cancel| {
+        let planned = gpuops_migexec::plan_named(
+            &gpus,
+            &opts.config_file,
+            &opts.config_name,
+            hooks.as_deref(),
+        )?;
+        let config = opts.config_name.clone();
+        let opts = gpuops_migexec::Options {
+            cancel: Some(cancel),
+            ..opts
+        };
+        let outcome = planned.apply(
+            &gpus,
+            opts,
+            &checkpoint,
+            |p| tracing::info!(config = %config, "MIG config {config}: {p}"),
+        )?;
+        let pending = outcome.pending_messages();
+        if pending.is_empty() {
+            Ok(())
+        } else {
+            Err(AgentError::MigPendingReset(pending))
+        }
+    })
+    .await
 }
 
 /// Sets the flag when dropped.
@@ -1023,5 +1039,141 @@ mod deadline_tests {
         .unwrap_err();
         assert!(matches!(e, AgentError::MigTask(_)), "{e}");
         assert!(!running.load(Ordering::SeqCst));
+    }
+}
+
+#[cfg(test)]
+mod sim_tests {
+    use super::*;
+
+    const CONFIGS: &str = "version: v1
+mig-configs:
+  all-disabled:
+  - devices: all
+    mig-enabled: false
+  all-1g.10gb:
+  - devices: all
+    mig-enabled: true
+    mig-devices:
+      1g.10gb: 7
+  too-big:
+  - devices: all
+    mig-enabled: true
+    mig-devices:
+      3g.40gb: 2
+      2g.20gb: 1
+";
+
+    /// The simulator cdylib cargo built beside this test binary (nvml-sim is a dev-dependency).
+    fn sim_library() -> PathBuf {
+        let name = format!(
+            "{}nvml_sim{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        );
+        let exe = std::env::current_exe().unwrap();
+        exe.ancestors()
+            .skip(1)
+            .take(2)
+            .flat_map(|d| [d.join(&name), d.join("deps").join(&name)])
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("{name} not built beside {}", exe.display()))
+    }
+
+    async fn returned(running: &AtomicBool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the apply never returned");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The only test in this binary that loads NVML (the simulator reads its state directory
+    /// from the environment at nvmlInit).
+    #[tokio::test]
+    async fn the_flow_checks_and_applies_in_process_and_a_cancelled_apply_converges_next_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let state_dir = dir.path().join("sim");
+        let fleet =
+            gpuops_sim::Fleet::parse("gpus:\n- model: A100-SXM4-80GB\n  count: 1\n", "test fleet")
+                .unwrap();
+        let state = gpuops_sim::SimState::from_fleet(&fleet, 0).unwrap();
+        gpuops_sim::Store::create(&state_dir, &state).unwrap();
+        gpuops_nvml::use_simulator_state(&state_dir);
+        let gpus = Arc::new(Gpus::open(gpuops_nvml::Library::Path(sim_library())).unwrap());
+        let config_file = dir.path().join("mig.yaml");
+        std::fs::write(&config_file, CONFIGS).unwrap();
+        let checkpoint = state_dir.join("mig-checkpoint.json");
+        let cfg = FlowConfig {
+            config_file,
+            default_config: None,
+            drain_timeout: Duration::from_secs(1),
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(10),
+            checkpoint: checkpoint.clone(),
+            hooks_file: None,
+            deadline: Duration::from_secs(60),
+            step_delay: None,
+            pod_socket: None,
+            configmap: None,
+        };
+        let running = Arc::new(AtomicBool::new(false));
+        let check = |name: &'static str| check_config(&cfg, Arc::clone(&gpus), &running, name);
+
+        // Configs this node cannot take: config errors, with the planner's reason.
+        let e = check("too-big").await.unwrap_err();
+        assert_eq!(e.category(), Category::Config, "{e}");
+        assert!(chain(&e).contains("slices"), "{}", chain(&e));
+        let e = check("no-such-config").await.unwrap_err();
+        assert_eq!(e.category(), Category::Config, "{e}");
+        assert!(chain(&e).contains("all-1g.10gb"), "{}", chain(&e));
+
+        assert!(!check("all-1g.10gb").await.unwrap());
+        apply_config(&cfg, Arc::clone(&gpus), &running, "all-1g.10gb")
+            .await
+            .unwrap();
+        assert!(check("all-1g.10gb").await.unwrap());
+        let saved = gpuops_migexec::read_checkpoint(&checkpoint)
+            .unwrap()
+            .unwrap();
+        assert!(!saved.interrupted());
+        let inv = gpus.snapshot_with(gpuops_nvml::Scope::Mig).unwrap();
+        assert_eq!(inv.gpus[0].mig_devices.len(), 7);
+
+        // Slow driver steps and a short deadline: cancelled half-way, reported as a deadline.
+        let slow = FlowConfig {
+            step_delay: Some(Duration::from_millis(200)),
+            deadline: Duration::from_millis(500),
+            ..cfg.clone()
+        };
+        let e = apply_config(&slow, Arc::clone(&gpus), &running, "all-disabled")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, AgentError::MigDeadline { .. }), "{e}");
+        assert_eq!(e.category(), Category::Retryable);
+        returned(&running).await;
+        let saved = gpuops_migexec::read_checkpoint(&checkpoint)
+            .unwrap()
+            .unwrap();
+        assert_eq!(saved.applying.as_deref(), Some("all-disabled"));
+        let inv = gpus.snapshot_with(gpuops_nvml::Scope::Mig).unwrap();
+        let left = inv.gpus[0].mig_devices.len();
+        assert!(
+            0 < left && left < 7,
+            "{left} MIG devices left: not half-way"
+        );
+        assert!(!check("all-disabled").await.unwrap());
+
+        // The next apply converges from the checkpoint.
+        apply_config(&cfg, Arc::clone(&gpus), &running, "all-disabled")
+            .await
+            .unwrap();
+        assert!(check("all-disabled").await.unwrap());
+        assert!(
+            !gpuops_migexec::read_checkpoint(&checkpoint)
+                .unwrap()
+                .unwrap()
+                .interrupted()
+        );
     }
 }
