@@ -11,6 +11,7 @@ use crate::BedError;
 use crate::kubectl::Kubectl;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The startup taint gpuops's agent removes once every configured device is advertised.
@@ -92,9 +93,12 @@ impl NodeShape {
     }
 
     /// Reads a `GpuopsTestMachine`'s `spec`; the error names the field at fault.
-    pub fn from_spec(spec: &Value) -> Result<NodeShape, String> {
+    pub fn from_spec(spec: &Value) -> Result<NodeShape, BedError> {
         let Value::Object(map) = spec else {
-            return Err(format!("spec: want an object, got {spec}"));
+            return Err(spec_error(
+                "spec".into(),
+                format!("want an object, got {spec}"),
+            ));
         };
         let known = [
             "resources",
@@ -107,15 +111,16 @@ impl NodeShape {
             "providerID",
         ];
         if let Some(k) = map.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(format!(
-                "spec.{k}: unknown field (known: {})",
-                known.join(", ")
+            return Err(spec_error(
+                format!("spec.{k}"),
+                format!("unknown field (known: {})", known.join(", ")),
             ));
         }
         let devices = string_map(spec, "devices")?;
         if let Some(k) = devices.keys().find(|k| !k.contains('/')) {
-            return Err(format!(
-                "spec.devices.{k}: a device is an extended resource named domain/name, like nvidia.com/gpu"
+            return Err(spec_error(
+                format!("spec.devices.{k}"),
+                "a device is an extended resource named domain/name, like nvidia.com/gpu".into(),
             ));
         }
         Ok(NodeShape {
@@ -126,8 +131,9 @@ impl NodeShape {
                 None => false,
                 Some(Value::Bool(b)) => *b,
                 Some(other) => {
-                    return Err(format!(
-                        "spec.startupTaint: want true or false, got {other}"
+                    return Err(spec_error(
+                        "spec.startupTaint".into(),
+                        format!("want true or false, got {other}"),
                     ));
                 }
             },
@@ -142,8 +148,9 @@ impl NodeShape {
                     Some(s.clone())
                 }
                 Some(other) => {
-                    return Err(format!(
-                        "spec.migConfigMap: want \"namespace/name\" of a ConfigMap, got {other}"
+                    return Err(spec_error(
+                        "spec.migConfigMap".into(),
+                        format!("want \"namespace/name\" of a ConfigMap, got {other}"),
                     ));
                 }
             },
@@ -155,7 +162,7 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn string_map(spec: &Value, field: &str) -> Result<BTreeMap<String, String>, String> {
+fn string_map(spec: &Value, field: &str) -> Result<BTreeMap<String, String>, BedError> {
     match spec.get(field) {
         None | Some(Value::Null) => Ok(BTreeMap::new()),
         Some(Value::Object(m)) => m
@@ -163,22 +170,34 @@ fn string_map(spec: &Value, field: &str) -> Result<BTreeMap<String, String>, Str
             .map(|(k, v)| match v {
                 Value::String(s) => Ok((k.clone(), s.clone())),
                 Value::Number(n) if n.is_u64() => Ok((k.clone(), n.to_string())),
-                other => Err(format!(
-                    "spec.{field}.{k}: want a string (a quantity or label value), got {other}"
+                other => Err(spec_error(
+                    format!("spec.{field}.{k}"),
+                    format!("want a string (a quantity or label value), got {other}"),
                 )),
             })
             .collect(),
-        Some(other) => Err(format!("spec.{field}: want an object, got {other}")),
+        Some(other) => Err(spec_error(
+            format!("spec.{field}"),
+            format!("want an object, got {other}"),
+        )),
     }
 }
 
-fn duration_ms(spec: &Value, field: &str) -> Result<Duration, String> {
+fn duration_ms(spec: &Value, field: &str) -> Result<Duration, BedError> {
     match spec.get(field) {
         None => Ok(Duration::ZERO),
         Some(v) => v.as_u64().map(Duration::from_millis).ok_or_else(|| {
-            format!("spec.{field}: want a whole number of milliseconds >= 0, got {v}")
+            spec_error(
+                format!("spec.{field}"),
+                format!("want a whole number of milliseconds >= 0, got {v}"),
+            )
         }),
     }
+}
+
+/// A spec problem at `field`.
+fn spec_error(field: String, problem: String) -> BedError {
+    BedError::Spec { field, problem }
 }
 
 /// An infra machine as the reconciler sees it.
@@ -188,7 +207,8 @@ pub(crate) struct MachineView {
     pub name: String,
     pub provisioned: bool,
     pub error: Option<String>,
-    pub shape: Result<NodeShape, String>,
+    /// The spec read, or why it was rejected (shared: the view is cloned, the error is not).
+    pub shape: Result<NodeShape, Arc<BedError>>,
     /// Since the reconciler first saw it.
     pub age: Duration,
 }
@@ -356,9 +376,13 @@ pub(crate) fn mig_devices(
     config: &str,
     gpus: u32,
     advertised: &BTreeMap<String, String>,
-) -> Result<BTreeMap<String, String>, String> {
-    let all = gpuops_mig::config::parse(text, origin).map_err(|e| e.to_string())?;
-    let cfg = all.get(config).map_err(|e| format!("{origin}: {e}"))?;
+) -> Result<BTreeMap<String, String>, BedError> {
+    let all =
+        gpuops_mig::config::parse(text, origin).map_err(|e| BedError::MigConfig(Box::new(e)))?;
+    let cfg = all.get(config).map_err(|source| BedError::MigConfigName {
+        origin: origin.to_string(),
+        source: Box::new(source),
+    })?;
     let mut per_gpu: Vec<BTreeMap<String, u32>> = vec![BTreeMap::new(); gpus as usize];
     for e in &cfg.entries {
         for (i, slot) in per_gpu.iter_mut().enumerate() {
@@ -406,7 +430,8 @@ pub(crate) fn plan_with(
         wanted.insert((m.namespace.clone(), m.name.clone()));
         let shape = match &m.shape {
             Ok(shape) => shape,
-            Err(message) => {
+            Err(e) => {
+                let message = e.to_string();
                 if m.error.as_deref() != Some(message.as_str()) {
                     actions.push(Action::Reject {
                         namespace: m.namespace.clone(),
@@ -713,7 +738,7 @@ pub(crate) struct Provider {
 
 impl Provider {
     /// One level-triggered pass: observe, plan, act.
-    pub(crate) fn tick(&mut self, kube: &Kubectl) -> Result<(), String> {
+    pub(crate) fn tick(&mut self, kube: &Kubectl) -> Result<(), BedError> {
         // Both lists at once: each is a kubectl process, and a pass is only as quick as they are.
         let kinds = format!(
             "gpuopstestclusters.{INFRA_GROUP},gpuopstestcontrolplanes.controlplane.cluster.x-k8s.io,gpuopstestmachines.{INFRA_GROUP}"
@@ -724,10 +749,10 @@ impl Provider {
             let nodes = kube.get_json(&["nodes", "-l", MACHINE_LABEL]);
             (list.join(), nodes)
         });
-        let list = list
-            .map_err(|_| "listing the provider's objects panicked".to_string())?
-            .map_err(|e| e.to_string())?;
-        let nodes = nodes.map_err(|e| e.to_string())?;
+        let list = list.map_err(|_| BedError::Panicked {
+            what: "listing the provider's objects",
+        })??;
+        let nodes = nodes?;
         let now = Instant::now();
         let mut items = list["items"].as_array().cloned().unwrap_or_default();
         items.extend(nodes["items"].as_array().cloned().unwrap_or_default());
@@ -777,7 +802,7 @@ impl Provider {
                     machines.push(MachineView {
                         provisioned: item["status"]["initialization"]["provisioned"] == json!(true),
                         error: item["status"]["gpuopsError"].as_str().map(str::to_string),
-                        shape: NodeShape::from_spec(&item["spec"]),
+                        shape: NodeShape::from_spec(&item["spec"]).map_err(Arc::new),
                         namespace: ns,
                         name,
                         age,
@@ -841,7 +866,7 @@ impl Provider {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(errors.join("; "))
+            Err(BedError::Actions(errors))
         }
     }
 }
@@ -863,7 +888,7 @@ mod tests {
     }
 
     fn node_of(m: &MachineView, age_ms: u64) -> NodeView {
-        let shape = m.shape.clone().unwrap();
+        let shape = m.shape.as_ref().unwrap().clone();
         NodeView::from_json(&node_for(m, &shape), Duration::from_millis(age_ms)).unwrap()
     }
 
@@ -919,7 +944,8 @@ mod tests {
             2,
             &advertised,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             err.contains("ConfigMap default/x") && err.contains("gpuops-none"),
             "{err}"
@@ -931,7 +957,8 @@ mod tests {
             1,
             &advertised,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("ConfigMap default/x"), "{err}");
     }
 
@@ -1017,7 +1044,7 @@ mod tests {
             ),
         ];
         for (spec, want) in cases {
-            let err = NodeShape::from_spec(&spec).unwrap_err();
+            let err = NodeShape::from_spec(&spec).unwrap_err().to_string();
             assert!(err.starts_with(want), "{spec}: {err}");
         }
     }
@@ -1132,7 +1159,10 @@ mod tests {
     #[test]
     fn a_bad_machine_is_rejected_once_and_does_not_stop_the_others() {
         let mut bad = machine("bad", 5000, NodeShape::gpu("H100", "nvidia.com/gpu", 8));
-        bad.shape = Err("spec.bootDelayMs: want a whole number".into());
+        bad.shape = Err(Arc::new(BedError::Spec {
+            field: "spec.bootDelayMs".into(),
+            problem: "want a whole number".into(),
+        }));
         let good = machine("good", 5000, NodeShape::gpu("H100", "nvidia.com/gpu", 8));
         let actions = plan(&[bad.clone(), good.clone()], &[]);
         assert!(matches!(&actions[0], Action::Reject { name, .. } if name == "bad"));

@@ -295,7 +295,7 @@ impl Cluster {
             "karpenter-device-lag",
             options.lag_interval,
             &dir.join("device-lag.log"),
-            move || lag_tick(&lag_kube, &mut seen, &devices, delay),
+            move || lag_tick(&lag_kube, &mut seen, &devices, delay).map_err(|e| e.to_string()),
         )?;
 
         let karpenter = Karpenter {
@@ -413,10 +413,8 @@ fn lag_tick(
     seen: &mut FirstSeen,
     devices: &BTreeMap<String, BTreeMap<String, String>>,
     delay: Duration,
-) -> Result<(), String> {
-    let list = kube
-        .get_json(&["nodes", "-l", "karpenter.sh/nodepool"])
-        .map_err(|e| e.to_string())?;
+) -> Result<(), BedError> {
+    let list = kube.get_json(&["nodes", "-l", "karpenter.sh/nodepool"])?;
     let now = Instant::now();
     let mut live = HashSet::new();
     let mut actions = Vec::new();
@@ -446,7 +444,7 @@ fn lag_tick(
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(errors.join("; "))
+        Err(BedError::Actions(errors))
     }
 }
 

@@ -84,6 +84,24 @@ pub enum BedError {
     Manifest { what: String, message: String },
     #[error("timed out after {seconds}s waiting for {what}")]
     Timeout { what: String, seconds: u64 },
+    /// A test provider's object whose spec it cannot use: the field (`spec.devices.x`) and why.
+    #[error("{field}: {problem}")]
+    Spec { field: String, problem: String },
+    /// A mig-parted config a test provider read (its origin is in the error).
+    #[error(transparent)]
+    MigConfig(Box<gpuops_mig::MigError>),
+    /// A config name the file does not define (the error lists the names it does).
+    #[error("{origin}: {source}")]
+    MigConfigName {
+        origin: String,
+        #[source]
+        source: Box<gpuops_mig::MigError>,
+    },
+    #[error("{what} panicked")]
+    Panicked { what: &'static str },
+    /// The kubectl calls of one reconciler pass that failed, each with kubectl's message.
+    #[error("{}", .0.join("; "))]
+    Actions(Vec<String>),
 }
 
 impl BedError {
