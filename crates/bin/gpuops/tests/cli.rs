@@ -4,9 +4,8 @@
 mod common;
 
 use common::{gpuops, run};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use gpuops_testbed::ChildGuard;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn stdout(o: &Output) -> String {
@@ -113,98 +112,63 @@ fn agent_once_prints_inventory_and_planned_endpoints() {
     );
 }
 
-/// Reads an agent's stdout on a thread so the test can wait for lines with a deadline.
-struct Agent {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
+/// How long a test waits for a line of the agent's.
+const LINE_WAIT: Duration = Duration::from_secs(20);
+
+/// An agent (or a shell line) whose stdout and stderr the test waits on line by line; stopped
+/// when dropped.
+struct Agent(ChildGuard);
 
 impl Agent {
     /// Runs a shell command line (to merge stderr into stdout with `2>&1`).
     fn start_shell(line: &str) -> Agent {
-        Agent::spawn(Command::new("sh").args(["-c", line]))
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", line]);
+        Agent::spawn(cmd)
     }
 
     fn start(args: &[&str]) -> Agent {
         let mut cmd = gpuops();
         cmd.args(args);
-        Agent::spawn(&mut cmd)
+        Agent::spawn(cmd)
     }
 
-    fn spawn(command: &mut Command) -> Agent {
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start agent");
-        // The banner is on stdout, the agent's events (tracing) on stderr: read both.
-        let out = child.stdout.take().unwrap();
-        let err = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        let tx_err = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx_err.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Agent {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
+    fn spawn(command: Command) -> Agent {
+        Agent(ChildGuard::spawn_temp("agent", command).expect("start agent"))
     }
 
+    /// The next line with `needle` after the last one this returned.
     fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            match self.lines.recv_timeout(Duration::from_millis(200)) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.contains(needle) {
-                        return line;
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        panic!(
-            "agent never printed {needle:?}; it printed:\n{}",
-            self.seen.join("\n")
-        );
+        self.0
+            .next_line(needle, LINE_WAIT)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Like [`Agent::wait_for`], but a line already read counts too: stdout and stderr are read
-    /// on two threads, so a line of one may have been read while waiting on the other.
+    /// Like [`Agent::wait_for`], but any line printed so far counts too.
     fn saw_or_wait(&mut self, needle: &str) -> String {
-        match self.seen.iter().find(|l| l.contains(needle)) {
-            Some(line) => line.clone(),
-            None => self.wait_for(needle),
-        }
+        self.0
+            .wait_for_line(needle, LINE_WAIT)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// SIGTERM; the agent says it is stopping and exits.
     fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        self.0.signal("TERM");
         self.wait_for("stopping");
-        self.child.wait().unwrap()
+        self.0
+            .wait_exit(LINE_WAIT)
+            .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", self.0.tail()))
     }
-}
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    /// SIGTERM, then its exit status, which must come within `within`.
+    fn exit_within(&mut self, within: Duration, while_: &str) -> std::process::ExitStatus {
+        self.0.signal("TERM");
+        self.0.wait_exit(within).unwrap_or_else(|| {
+            panic!(
+                "the agent did not exit within {within:?} of SIGTERM while {while_}:\n{}",
+                self.0.tail()
+            )
+        })
     }
 }
 
@@ -382,7 +346,7 @@ fn a_changed_device_plugin_config_is_reloaded_and_a_bad_one_keeps_the_last_good(
         let text = format!(
             "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
         );
-        std::fs::write(&config, text).unwrap();
+        write_newer(&config, &text);
     };
     write(2);
     let command = format!(
@@ -394,16 +358,33 @@ fn a_changed_device_plugin_config_is_reloaded_and_a_bad_one_keeps_the_last_good(
     let mut agent = Agent::start_shell(&command);
     agent.wait_for("nvidia.com/gpu.shared (8 devices)");
     agent.wait_for("re-reading the GPUs");
-    // Modification times can be coarse: make sure the next write looks newer.
-    std::thread::sleep(Duration::from_millis(1100));
     write(4);
     agent.wait_for("reloaded");
     agent.wait_for("nvidia.com/gpu.shared 16/16");
-    std::thread::sleep(Duration::from_millis(1100));
     write(1);
     let line = agent.wait_for("keeping the last good device plugin config");
     assert!(line.contains("replicas must be >= 2"), "{line}");
     assert!(agent.terminate().success());
+}
+
+/// Writes `text` to `path` until the file's modification time differs from the one it had: the
+/// agent notices a changed config by that time, which some file systems keep in whole seconds.
+fn write_newer(path: &std::path::Path, text: &str) {
+    let mtime = || std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let before = mtime();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        std::fs::write(path, text).unwrap();
+        if mtime() != before {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the modification time of {} never changed",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -736,21 +717,8 @@ fn a_hung_api_server_delays_neither_xid_health_nor_metrics_nor_shutdown() {
     }
     let (head, _) = http_get(&address, "/healthz");
     assert!(head.contains(" 200"), "{head}");
-    let _ = Command::new("kill")
-        .args(["-TERM", &agent.child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        if let Some(status) = agent.child.try_wait().unwrap() {
-            assert!(status.success(), "{status}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not exit within 2 s of SIGTERM while the API server hangs"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let status = agent.exit_within(Duration::from_secs(2), "the API server hangs");
+    assert!(status.success(), "{status}");
 }
 
 /// The status line of `GET path` and how long it took, or `None` without an answer within 5 s.
@@ -842,21 +810,8 @@ fn a_hung_driver_fails_healthz_while_metrics_readyz_and_sigterm_still_answer() {
     let o = run(&["sim", "hang-driver", "--state", &state]);
     assert!(o.status.success(), "{}", stderr(&o));
     agent.wait_for("the NVIDIA driver has not answered a GPU read");
-    let _ = Command::new("kill")
-        .args(["-TERM", &agent.child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        if let Some(status) = agent.child.try_wait().unwrap() {
-            assert!(status.success(), "{status}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not exit within 2 s of SIGTERM while the driver hangs"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let status = agent.exit_within(Duration::from_secs(2), "the driver hangs");
+    assert!(status.success(), "{status}");
 }
 
 #[test]
@@ -940,7 +895,7 @@ fn without_nvml_fail_on_init_error_false_keeps_the_agent_up_until_the_driver_app
 
     let mut cmd = gpuops();
     cmd.args(args).env("FAIL_ON_INIT_ERROR", "false");
-    let mut agent = Agent::spawn(&mut cmd);
+    let mut agent = Agent::spawn(cmd);
     let address = agent
         .wait_for("metrics        http://")
         .split("http://")

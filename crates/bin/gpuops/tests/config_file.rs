@@ -5,62 +5,41 @@
 
 mod common;
 
+use gpuops_testbed::ChildGuard;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TYPOS: &str = "version: v1\nflags:\n  migStratagy: mixed\nbogusTop: 1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n";
 
-/// An agent writing stdout and stderr to one log file; killed on drop.
-struct Agent {
-    child: Child,
-    log: std::path::PathBuf,
-}
+/// An agent writing stdout and stderr to one log file; stopped on drop.
+struct Agent(ChildGuard);
 
 impl Agent {
     fn start(dir: &Path, config: &Path) -> Agent {
-        let log = dir.join("agent.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = common::gpuops()
-            .args([
-                "agent",
-                "--simulate",
-                "l4x4",
-                "--interval",
-                "300ms",
-                "--device-plugin-dir",
-                dir.join("dp").to_str().unwrap(),
-                "--config-file",
-                config.to_str().unwrap(),
-            ])
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap();
-        Agent { child, log }
+        let mut cmd = common::gpuops();
+        cmd.args([
+            "agent",
+            "--simulate",
+            "l4x4",
+            "--interval",
+            "300ms",
+            "--device-plugin-dir",
+            dir.join("dp").to_str().unwrap(),
+            "--config-file",
+            config.to_str().unwrap(),
+        ]);
+        Agent(ChildGuard::spawn("agent", cmd, &dir.join("agent.log")).unwrap())
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.0.output()
     }
 
     fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
-                return line.to_string();
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("exited with {status} before {needle:?}:\n{}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} in:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.0
+            .wait_for_line(needle, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn metrics(&mut self) -> String {
@@ -79,15 +58,6 @@ impl Agent {
         let mut raw = String::new();
         stream.read_to_string(&mut raw).unwrap();
         raw.split_once("\r\n\r\n").unwrap().1.to_string()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
     }
 }
 

@@ -7,9 +7,9 @@
 //! Needs GPUOPS_K8S_BIN (scripts/test sets it) and the Cluster API CRDs (GPUOPS_CAPI_BIN).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use gpuops_testbed::{Cluster, ClusterOptions};
+use gpuops_testbed::{ChildGuard, Cluster, ClusterOptions};
 use serde_json::{Value, json};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn size(var: &str, default: usize) -> usize {
@@ -71,16 +71,6 @@ fn metric(port: u16, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// Kills the controller when the test ends, also on a panic.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN); creates 13,000 objects, a few minutes: run scripts/test"]
 fn controller_rss_with_1000_nodes_and_10000_pending_pods_in_its_caches() {
@@ -134,9 +124,8 @@ fn controller_rss_with_1000_nodes_and_10000_pending_pods_in_its_caches() {
 
     let port = gpuops_testbed::free_port().unwrap();
     let log = cluster.dir().join("controller.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_gpuops"))
-        .args(["controller", "--kubeconfig"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuops"));
+    cmd.args(["controller", "--kubeconfig"])
         .arg(cluster.kubeconfig())
         .args([
             "--namespace",
@@ -144,13 +133,10 @@ fn controller_rss_with_1000_nodes_and_10000_pending_pods_in_its_caches() {
             "--no-leader-election",
             "--metrics-address",
             &format!("127.0.0.1:{port}"),
-        ])
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let _child = Child(child);
+        ]);
+    // Stopped when the test ends, also on a panic.
+    let controller = ChildGuard::spawn("gpuops controller", cmd, &log).unwrap();
+    let pid = controller.id();
     let launched = Instant::now();
     let tail = || std::fs::read_to_string(&log).unwrap_or_default();
 

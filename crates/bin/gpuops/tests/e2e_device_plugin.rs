@@ -4,12 +4,13 @@
 
 mod common;
 
-use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, wait_until};
-use std::process::{Child, Stdio};
+use gpuops_testbed::{ChildGuard, Cluster, ClusterOptions, HarnessNode, wait_until};
 use std::time::Duration;
 
-/// The agent on a simulated node, serving the harness node's plugin directory.
-struct Agent(Child);
+/// The agent on a simulated node, serving the harness node's plugin directory; stopped on drop.
+struct Agent {
+    _process: ChildGuard,
+}
 
 impl Agent {
     fn start(node: &HarnessNode, fleet: &str, log: &std::path::Path) -> Agent {
@@ -17,36 +18,26 @@ impl Agent {
     }
 
     fn start_with(node: &HarnessNode, fleet: &str, log: &std::path::Path, extra: &[&str]) -> Agent {
-        let out = std::fs::File::create(log).unwrap();
-        let child = common::gpuops()
-            .args([
-                "agent",
-                "--simulate",
-                fleet,
-                "--interval",
-                "1s",
-                "--node-name",
-                &node.name,
-            ])
-            .args(extra)
-            .arg("--device-plugin-dir")
-            .arg(node.plugin_dir())
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap();
-        Agent(child)
+        let mut cmd = common::gpuops();
+        cmd.args([
+            "agent",
+            "--simulate",
+            fleet,
+            "--interval",
+            "1s",
+            "--node-name",
+            &node.name,
+        ])
+        .args(extra)
+        .arg("--device-plugin-dir")
+        .arg(node.plugin_dir());
+        Agent::spawn(cmd, log)
     }
-}
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    fn spawn(cmd: std::process::Command, log: &std::path::Path) -> Agent {
+        Agent {
+            _process: ChildGuard::spawn("agent", cmd, log).unwrap(),
+        }
     }
 }
 
@@ -160,7 +151,17 @@ fn a_fatal_xid_makes_the_gpu_unhealthy_within_a_second_and_it_recovers_after_the
     };
     // An application XID leaves the GPU healthy.
     sim(&["xid", "--gpu", "2", "--xid", "13"]);
-    std::thread::sleep(Duration::from_secs(2));
+    // Handled once the agent logs it (a GPU it marked unhealthy would be withdrawn next).
+    wait_until(
+        "the agent to keep GPU 2 after XID 13",
+        Duration::from_secs(20),
+        || {
+            agent_log()
+                .lines()
+                .any(|l| l.contains("XID 13 on GPU 2") && l.contains("GPU stays healthy"))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent_log()));
     assert_eq!(gpus().as_deref(), Some("8"), "XID 13 is ignored by default");
 
     let injected = std::time::Instant::now();
@@ -218,23 +219,18 @@ fn mig_devices_and_shared_gpus_are_advertised_scheduled_and_allocated_like_nvidi
     ]);
     assert!(o.status.success(), "{}", common::text(&o));
     let mig_log = cluster.dir().join("agent-mig.log");
-    let out = std::fs::File::create(&mig_log).unwrap();
-    let mig_agent = common::gpuops()
-        .args([
-            "agent",
-            "--sim-state",
-            state.to_str().unwrap(),
-            "--interval",
-            "1s",
-        ])
-        .arg("--device-plugin-dir")
-        .arg(mig_node.plugin_dir())
-        .env("MIG_STRATEGY", "mixed")
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .unwrap();
-    let _mig_agent = Agent(mig_agent);
+    let mut cmd = common::gpuops();
+    cmd.args([
+        "agent",
+        "--sim-state",
+        state.to_str().unwrap(),
+        "--interval",
+        "1s",
+    ])
+    .arg("--device-plugin-dir")
+    .arg(mig_node.plugin_dir())
+    .env("MIG_STRATEGY", "mixed");
+    let _mig_agent = Agent::spawn(cmd, &mig_log);
 
     // Node 2: time-slicing with renameByDefault, from NVIDIA's config file format.
     let shared_node = HarnessNode::start(&cluster, "shared-node").unwrap();
@@ -326,24 +322,19 @@ fn an_agent_started_before_the_kubelet_registers_once_the_kubelet_appears() {
     let plugin_dir = cluster.dir().join("nodes/late-node/device-plugins");
     std::fs::create_dir_all(&plugin_dir).unwrap();
     let log = cluster.dir().join("agent-early.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let child = common::gpuops()
-        .args([
-            "agent",
-            "--simulate",
-            "l4x4",
-            "--interval",
-            "1s",
-            "--node-name",
-            "late-node",
-        ])
-        .arg("--device-plugin-dir")
-        .arg(&plugin_dir)
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .unwrap();
-    let _agent = Agent(child);
+    let mut cmd = common::gpuops();
+    cmd.args([
+        "agent",
+        "--simulate",
+        "l4x4",
+        "--interval",
+        "1s",
+        "--node-name",
+        "late-node",
+    ])
+    .arg("--device-plugin-dir")
+    .arg(&plugin_dir);
+    let _agent = Agent::spawn(cmd, &log);
     let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until(
         "the agent to serve without a kubelet",
@@ -378,27 +369,22 @@ fn the_node_label_picks_a_named_config_and_a_change_applies_without_a_restart() 
     )
     .unwrap();
     let log = cluster.dir().join("agent-labelled.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let child = common::gpuops()
-        .args([
-            "agent",
-            "--simulate",
-            "l4x4",
-            "--interval",
-            "1s",
-            "--node-name",
-            "labelled-node",
-        ])
-        .arg("--config-dir")
-        .arg(&configs)
-        .arg("--device-plugin-dir")
-        .arg(node.plugin_dir())
-        .env("KUBECONFIG", cluster.kubeconfig())
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .unwrap();
-    let _agent = Agent(child);
+    let mut cmd = common::gpuops();
+    cmd.args([
+        "agent",
+        "--simulate",
+        "l4x4",
+        "--interval",
+        "1s",
+        "--node-name",
+        "labelled-node",
+    ])
+    .arg("--config-dir")
+    .arg(&configs)
+    .arg("--device-plugin-dir")
+    .arg(node.plugin_dir())
+    .env("KUBECONFIG", cluster.kubeconfig());
+    let _agent = Agent::spawn(cmd, &log);
     let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until(
         "the default config's 4 whole GPUs",

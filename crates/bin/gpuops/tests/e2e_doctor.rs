@@ -4,7 +4,7 @@
 
 mod common;
 
-use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, wait_until};
+use gpuops_testbed::{ChildGuard, Cluster, ClusterOptions, HarnessNode, wait_until};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -524,8 +524,18 @@ fn the_doctor_names_the_real_cause_of_each_pending_gpu_pod_and_leaves_look_alike
         "{:?}",
         d.codes_about("brand-new")
     );
-    std::thread::sleep(Duration::from_secs(2));
-    let d = doctor(&cluster, &["--pending-grace", "1s"]);
+    // Pending longer than a 1 s grace once a second has passed: the doctor's verdict is the
+    // condition (whatever it then says about the pod must be exactly not-scheduled).
+    let mut d = doctor(&cluster, &["--pending-grace", "1s"]);
+    wait_until(
+        "brand-new pending past a 1 s grace",
+        Duration::from_secs(30),
+        || {
+            d = doctor(&cluster, &["--pending-grace", "1s"]);
+            !d.codes_about("brand-new").is_empty()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.text));
     assert_eq!(d.codes_about("brand-new"), vec!["not-scheduled"]);
 }
 
@@ -643,11 +653,8 @@ fn restarted_after(cluster: &Cluster, pod: &str, reason: &str, exit_code: i32) {
 }
 
 /// `gpuops agent` on a harness node: a simulated GPU node whose device plugin the harness kubelet
-/// allocates from and whose metrics carry the pods' labels (PodResources). Killed on drop.
-struct Agent {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-}
+/// allocates from and whose metrics carry the pods' labels (PodResources). Stopped on drop.
+struct Agent(ChildGuard);
 
 impl Agent {
     fn start(
@@ -656,27 +663,19 @@ impl Agent {
         state: &std::path::Path,
         log: &std::path::Path,
     ) -> Agent {
-        let out = std::fs::File::create(log).unwrap();
-        let child = common::gpuops()
-            .args(["agent", "--simulate", fleet, "--sim-state"])
+        let mut cmd = common::gpuops();
+        cmd.args(["agent", "--simulate", fleet, "--sim-state"])
             .arg(state)
             .args(["--interval", "1s", "--node-name", &node.name])
             .arg("--device-plugin-dir")
             .arg(node.plugin_dir())
             .arg("--pod-resources-socket")
-            .arg(node.pod_resources_socket())
-            .stdout(std::process::Stdio::from(out.try_clone().unwrap()))
-            .stderr(std::process::Stdio::from(out))
-            .spawn()
-            .unwrap();
-        Agent {
-            child,
-            log: log.to_path_buf(),
-        }
+            .arg(node.pod_resources_socket());
+        Agent(ChildGuard::spawn("agent", cmd, log).unwrap())
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.0.output()
     }
 
     /// `http://127.0.0.1:PORT/metrics`, once the agent printed it.
@@ -708,17 +707,6 @@ impl Agent {
         raw.split_once("\r\n\r\n")
             .map(|(_, b)| b.to_string())
             .unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -1045,18 +1033,29 @@ fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objec
     let idle = util_line(&body, "idle-job").unwrap();
     assert!(idle.ends_with(" 0"), "the idle pod's GPU: {idle}");
 
-    std::thread::sleep(Duration::from_secs(2));
-    let d = doctor(
-        &cluster,
-        &[
-            "--metrics",
-            &url,
-            "--idle-after",
-            "1s",
-            "--gpu-hour-price",
-            "2.5",
-        ],
-    );
+    // The pods count as idle once up for the 1 s --idle-after (the youngest objects here): wait
+    // for the doctor to say so of idle-job rather than for a guessed time.
+    let cost_doctor = || {
+        doctor(
+            &cluster,
+            &[
+                "--metrics",
+                &url,
+                "--idle-after",
+                "1s",
+                "--gpu-hour-price",
+                "2.5",
+            ],
+        )
+    };
+    let mut d = cost_doctor();
+    wait_until("idle-job up for 1 s", Duration::from_secs(30), || {
+        d = cost_doctor();
+        d.codes_about("idle-job")
+            .contains(&"idle-allocated-gpu".to_string())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.text));
+    let d = d;
     assert_eq!(d.code, Some(2), "critical findings exit 2:\n{}", d.text);
     let all = || serde_json::to_string_pretty(&d.json).unwrap();
 

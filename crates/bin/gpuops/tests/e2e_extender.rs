@@ -17,25 +17,11 @@ mod common;
 use gpuops_packing::{
     Cluster as Engine, GpuChoice, NodeSpec, PodReq, PodSpec, PolicyKind, TypicalPods,
 };
-use gpuops_testbed::{Cluster, ClusterOptions, User, free_port, wait_until};
-use std::process::{Child, Stdio};
+use gpuops_testbed::{ChildGuard, Cluster, ClusterOptions, User, free_port, wait_until};
 use std::time::Duration;
 
 const REPLICAS: u32 = 4;
 const USER: &str = "gpuops-extender";
-
-struct Extender(Child);
-
-impl Drop for Extender {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// (name, GPUs) of the KWOK nodes; all with 4 replicas per GPU, 32 CPUs, 128 GiB.
 const NODES: [(&str, u32); 3] = [("gpu-a", 2), ("gpu-b", 1), ("gpu-c", 4)];
@@ -170,6 +156,25 @@ fn best_nodes(bound: &[(Shape, usize)], incoming: Shape) -> (Vec<String>, Vec<(S
     (best, scores)
 }
 
+/// Whether the extender models every node with the CPU the bound pods leave free: asked to
+/// filter a GPU pod that wants more CPU than any node has, it names each node's free CPU.
+fn extender_sees(port: u16, bound: &[(Shape, usize)]) -> bool {
+    let greedy = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "cpu-probe", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests":
+            {"nvidia.com/gpu": "1", "cpu": "1000"}}}]}});
+    let names: Vec<&str> = NODES.iter().map(|(n, _)| *n).collect();
+    let args = serde_json::json!({"Pod": greedy, "NodeNames": names}).to_string();
+    let answer = http(port, "POST", "/filter", &args);
+    NODES.iter().enumerate().all(|(i, (node, _))| {
+        let pods = bound.iter().filter(|(_, n)| *n == i).count() as u64;
+        let free = 32_000 - 1000 * pods;
+        answer.contains(&format!(
+            "\"{node}\":\"gpuops: default/cpu-probe does not fit: insufficient cpu: {free}m free"
+        ))
+    })
+}
+
 fn node_of(cluster: &Cluster, pod: &str) -> Option<String> {
     cluster
         .kubectl(&["get", "pod", pod, "-o", "jsonpath={.spec.nodeName}"])
@@ -214,22 +219,16 @@ fn kube_scheduler_with_the_extender_places_shared_pods_where_the_engine_scores_b
     .unwrap();
 
     let log = cluster.dir().join("extender.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let _extender = Extender(
-        common::gpuops()
-            .args([
-                "scheduler-extender",
-                "--address",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .arg("--kubeconfig")
-            .arg(cluster.kubeconfig_for(USER))
-            .env("GPUOPS_LOG", "gpuops=debug")
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap(),
-    );
+    let mut cmd = common::gpuops();
+    cmd.args([
+        "scheduler-extender",
+        "--address",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .arg("--kubeconfig")
+    .arg(cluster.kubeconfig_for(USER))
+    .env("GPUOPS_LOG", "gpuops=debug");
+    let _extender = ChildGuard::spawn("gpuops scheduler-extender", cmd, &log).unwrap();
     let extender_log = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until("the extender to listen", Duration::from_secs(30), || {
         extender_log().contains("listening on")
@@ -309,8 +308,14 @@ fn kube_scheduler_with_the_extender_places_shared_pods_where_the_engine_scores_b
         eprintln!("{name} {shape:?} -> {got} (best {best:?}, scores {scores:?})");
         let idx = NODES.iter().position(|(n, _)| *n == got).unwrap();
         bound.push((*shape, idx));
-        // Let the extender's pod watch see the binding before the next pod.
-        std::thread::sleep(Duration::from_millis(1500));
+        // The next pod is placed by the extender's view: wait for its pod watch to see this
+        // binding (each bound pod takes 1 CPU off its node in the extender's model).
+        wait_until(
+            &format!("the extender to see {name} on {got}"),
+            Duration::from_secs(30),
+            || extender_sees(port, &bound),
+        )
+        .unwrap_or_else(|e| panic!("{e}\nextender log:\n{}", extender_log()));
     }
     assert!(
         unique >= PODS.len() / 2,
@@ -482,38 +487,26 @@ fn the_charts_scheduler_binds_through_the_extender_and_holds_its_own_lease() {
     std::fs::write(&config_file, serde_json::to_string(&config).unwrap()).unwrap();
 
     let log = cluster.dir().join("chart-extender.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let _extender = Extender(
-        common::gpuops()
-            .args([
-                "scheduler-extender",
-                "--address",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .arg("--kubeconfig")
-            .arg(service_account_kubeconfig(
-                &cluster,
-                "gpuops-scheduler-extender",
-            ))
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap(),
-    );
+    let mut cmd = common::gpuops();
+    cmd.args([
+        "scheduler-extender",
+        "--address",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .arg("--kubeconfig")
+    .arg(service_account_kubeconfig(
+        &cluster,
+        "gpuops-scheduler-extender",
+    ));
+    let _extender = ChildGuard::spawn("gpuops scheduler-extender", cmd, &log).unwrap();
     let extender_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let scheduler_log_path = cluster.dir().join("gpuops-scheduler.log");
-    let out = std::fs::File::create(&scheduler_log_path).unwrap();
-    let _scheduler = Extender(
-        std::process::Command::new(cluster.bin().join("kube-scheduler"))
-            .arg(format!("--config={}", config_file.display()))
-            .arg(format!("--secure-port={}", free_port().unwrap()))
-            .arg("--bind-address=127.0.0.1")
-            .arg("-v=2")
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap(),
-    );
+    let mut cmd = std::process::Command::new(cluster.bin().join("kube-scheduler"));
+    cmd.arg(format!("--config={}", config_file.display()))
+        .arg(format!("--secure-port={}", free_port().unwrap()))
+        .arg("--bind-address=127.0.0.1")
+        .arg("-v=2");
+    let _scheduler = ChildGuard::spawn("gpuops-scheduler", cmd, &scheduler_log_path).unwrap();
     let logs = || {
         format!(
             "kube-scheduler log:\n{}\nextender log:\n{}",

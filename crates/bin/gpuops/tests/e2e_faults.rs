@@ -6,42 +6,31 @@
 
 mod common;
 
-use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, wait_until};
+use gpuops_testbed::{ChildGuard, Cluster, ClusterOptions, HarnessNode, wait_until};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 fn report(case: &str, converged: &str, lost: &str) {
     println!("fault-matrix: {case} | {converged} | {lost}");
 }
 
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
+/// The agent on a harness node; stopped on drop.
+struct Agent(ChildGuard);
 
 impl Agent {
     fn start(node: &HarnessNode, log: &Path, args: &[&str]) -> Agent {
-        let out = std::fs::File::create(log).unwrap();
-        let child = common::gpuops()
-            .args(["agent", "--interval", "1s", "--node-name", &node.name])
+        let mut cmd = common::gpuops();
+        cmd.args(["agent", "--interval", "1s", "--node-name", &node.name])
             .args(args)
             .arg("--device-plugin-dir")
-            .arg(node.plugin_dir())
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap();
-        Agent {
-            child,
-            log: log.to_path_buf(),
-        }
+            .arg(node.plugin_dir());
+        Agent(ChildGuard::spawn("agent", cmd, log).unwrap())
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.0.output()
     }
 
     fn address(&self) -> String {
@@ -58,19 +47,6 @@ impl Agent {
         })
         .unwrap();
         found.unwrap()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = wait_until("the agent to stop", Duration::from_secs(5), || {
-            matches!(self.child.try_wait(), Ok(Some(_)))
-        });
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -452,6 +428,7 @@ fn the_apiserver_down_for_60_s_keeps_the_agent_serving_and_it_converges_after() 
                 xid_seen = Some(t.elapsed());
             }
         }
+        // Pacing, not waiting: the agent is probed twice a second for the whole outage.
         std::thread::sleep(Duration::from_millis(500));
     }
     let xid_seen = xid_seen.expect("the XID during the outage never showed in /metrics");

@@ -5,41 +5,30 @@
 
 mod common;
 
-use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, wait_until};
+use gpuops_testbed::{ChildGuard, Cluster, ClusterOptions, HarnessNode, wait_until};
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
-struct Agent {
-    child: Child,
-    log: std::path::PathBuf,
-}
+/// The agent on a harness node; stopped on drop.
+struct Agent(ChildGuard);
 
 impl Agent {
     fn start(node: &HarnessNode, gpus: &[&str], log: &Path, extra: &[&str]) -> Agent {
-        let out = std::fs::File::create(log).unwrap();
-        let child = common::gpuops()
-            .arg("agent")
+        let mut cmd = common::gpuops();
+        cmd.arg("agent")
             .args(gpus)
             .args(["--interval", "1s", "--node-name", &node.name])
             .args(extra)
             .arg("--device-plugin-dir")
             .arg(node.plugin_dir())
             .arg("--pod-resources-socket")
-            .arg(node.pod_resources_socket())
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap();
-        Agent {
-            child,
-            log: log.to_path_buf(),
-        }
+            .arg(node.pod_resources_socket());
+        Agent(ChildGuard::spawn("agent", cmd, log).unwrap())
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.0.output()
     }
 
     fn address(&self) -> String {
@@ -64,17 +53,6 @@ impl Agent {
         let mut raw = String::new();
         stream.read_to_string(&mut raw).unwrap();
         raw.split_once("\r\n\r\n").unwrap().1.to_string()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -5,16 +5,13 @@
 
 mod common;
 
-use gpuops_testbed::{Cluster, ClusterOptions, HarnessNode, User, wait_until};
+use gpuops_testbed::{ChildGuard, Cluster, ClusterOptions, HarnessNode, User, wait_until};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
+/// The agent with the Kubernetes side on; stopped on drop.
+struct Agent(ChildGuard);
 
 impl Agent {
     fn start(
@@ -24,7 +21,6 @@ impl Agent {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Agent {
-        let out = std::fs::File::create(log).unwrap();
         let mut cmd = common::gpuops();
         cmd.arg("agent")
             .args(args)
@@ -39,44 +35,22 @@ impl Agent {
             .arg(node.plugin_dir())
             .arg("--pod-resources-socket")
             .arg(node.pod_resources_socket())
-            .env("KUBECONFIG", cluster.kubeconfig())
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out));
+            .env("KUBECONFIG", cluster.kubeconfig());
         for (k, v) in env {
             cmd.env(k, v);
         }
         // Its own process group: killing the group also kills a `gpuops mig apply` it started.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        Agent {
-            child: cmd.spawn().unwrap(),
-            log: log.to_path_buf(),
-        }
+        Agent(ChildGuard::spawn("agent", cmd, log).unwrap())
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.0.output()
     }
 
     /// Kills the agent and everything it started at once, as a node crash would.
     fn crash(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-s", "KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.kill_group();
     }
 }
 
@@ -478,6 +452,13 @@ fn a_refused_write_is_logged_once_and_retried_with_backoff_until_it_is_allowed()
     assert!(log.contains("written again"), "{log}");
 }
 
+/// GPU 0's GPU instances in the simulator's state (None while it is being replaced).
+fn gpu_instances(state: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(state.join("state.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some(v["gpus"][0]["gpu_instances"].clone())
+}
+
 const MIG_CONFIGS: &str = "version: v1
 mig-configs:
   all-disabled:
@@ -670,6 +651,7 @@ fn the_mig_label_flow_applies_configs_survives_bad_ones_busy_gpus_and_a_crash() 
         return;
     }
     agent.crash();
+    let before_change = gpu_instances(&state).expect("the simulator's state");
     let slow_env = [("MIG_STRATEGY", "mixed"), ("GPUOPS_MIG_STEP_DELAY", "2s")];
     agent = Agent::start(
         &cluster,
@@ -691,7 +673,11 @@ fn the_mig_label_flow_applies_configs_survives_bad_ones_busy_gpus_and_a_crash() 
         state_label().as_deref() == Some("pending")
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
-    std::thread::sleep(Duration::from_secs(3));
+    // Crash it in the middle: once the first of its slow driver changes reached the GPU.
+    wait_until("the first driver change", Duration::from_secs(60), || {
+        gpu_instances(&state).is_some_and(|g| g != before_change)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
     agent.crash();
     let _agent = Agent::start(
         &cluster,

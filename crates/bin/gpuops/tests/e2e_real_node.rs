@@ -13,7 +13,7 @@
 
 mod common;
 
-use gpuops_testbed::{Cluster, ClusterOptions, RealNode, RealNodeOptions, wait_until};
+use gpuops_testbed::{ChildGuard, Cluster, ClusterOptions, RealNode, RealNodeOptions, wait_until};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -618,9 +618,9 @@ fn time_slicing_on_an_l4_node_lets_four_pods_share_one_gpu() {
     });
 }
 
-/// A real Prometheus scraping one target every second.
+/// A real Prometheus scraping one target every second; stopped on drop.
 struct Prometheus {
-    child: std::process::Child,
+    _process: ChildGuard,
     address: String,
 }
 
@@ -635,20 +635,17 @@ impl Prometheus {
             ),
         )
         .unwrap();
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
+        let mut cmd = Command::new("prometheus");
+        cmd.arg(format!("--config.file={}", config.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
                 dir.join("prometheus-tsdb").display()
             ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("prometheus not found: scripts/test installs Debian's prometheus package");
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+        let process = ChildGuard::spawn("prometheus", cmd, &dir.join("prometheus.log"))
+            .unwrap_or_else(|e| panic!("{e}: scripts/test installs Debian's prometheus package"));
         Prometheus {
-            child,
+            _process: process,
             address: format!("127.0.0.1:{port}"),
         }
     }
@@ -668,13 +665,6 @@ impl Prometheus {
         http_get(&self.address, &format!("/api/v1/query?query={encoded}"))
             .and_then(|body| serde_json::from_str(&body).ok())
             .unwrap_or(Value::Null)
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -1072,6 +1062,7 @@ fn the_charts_probes_keep_an_agent_without_nvml_running_and_not_ready() {
         assert_eq!(s["restartCount"], 0, "restarted: {s}\n{}", bed.report());
         assert_eq!(s["ready"], false, "ready without NVML: {s}");
         assert!(s["state"]["running"].is_object(), "{s}");
+        // Sampling over a window is the test (it must hold for 40 s), not a wait for something.
         std::thread::sleep(Duration::from_secs(1));
     }
     let logs = bed.agent_logs();

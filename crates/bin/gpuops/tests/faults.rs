@@ -6,9 +6,10 @@
 mod common;
 
 use common::{gpuops, run, text};
+use gpuops_testbed::ChildGuard;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const SEED: &str = concat!(
@@ -159,28 +160,22 @@ fn a_mig_apply_killed_after_every_step_converges_on_the_next_apply() {
     );
 }
 
-/// The agent as a process with its output in a file, killed when dropped.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
+/// The agent as a process with its output in a file, stopped when dropped.
+struct Agent(ChildGuard);
 
 impl Agent {
     fn start(dir: &Path, args: &[&str]) -> Agent {
-        let log = dir.join("agent.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = gpuops()
-            .arg("agent")
-            .args(args)
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap();
-        Agent { child, log }
+        let mut cmd = gpuops();
+        cmd.arg("agent").args(args);
+        Agent::spawn(cmd, &dir.join("agent.log"))
+    }
+
+    fn spawn(cmd: Command, log: &Path) -> Agent {
+        Agent(ChildGuard::spawn("agent", cmd, log).unwrap())
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.0.output()
     }
 
     fn wait_for(&self, needle: &str) -> String {
@@ -208,18 +203,11 @@ impl Agent {
     }
 
     fn status(&self, key: &str) -> u64 {
-        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).unwrap();
         text.lines()
             .find_map(|l| l.strip_prefix(key))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -310,6 +298,7 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
     let quiet = Instant::now();
     while quiet.elapsed() < Duration::from_secs(10) {
         baseline.push(get(&address, "/metrics").2);
+        // Pacing the scrapes (the same rate as in the storm), not waiting for anything.
         std::thread::sleep(Duration::from_millis(20));
     }
     baseline.sort();
@@ -347,6 +336,7 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
                     .unwrap()
                     .unwrap();
                 sent += due;
+                // Pacing the storm: one write every 50 ms carries what is due by then.
                 std::thread::sleep(Duration::from_millis(50));
             }
             (sent, begun.elapsed().as_secs_f64())
@@ -389,6 +379,7 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
             let (code, _, _) = get(&address, "/healthz");
             assert_eq!(code, 200, "/healthz during the storm\n{}", agent.log());
         }
+        // Pacing the scrapes during the storm, not waiting for anything.
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -409,6 +400,7 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
     let mut counted = xids_counted();
     let drained = Instant::now() + Duration::from_secs(30);
     loop {
+        // Drained means unchanged over an interval: the interval is the definition, not a guess.
         std::thread::sleep(Duration::from_millis(250));
         let now = xids_counted();
         if now == counted || Instant::now() > drained {
@@ -476,7 +468,7 @@ fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fa
     );
     if !wrong.is_empty() {
         let kept = std::env::temp_dir().join("gpuops-storm-agent.log");
-        let _ = std::fs::copy(&agent.log, &kept);
+        let _ = std::fs::copy(agent.0.log_path(), &kept);
         panic!(
             "health wrong during the storm: {wrong:?} (agent log: {})",
             kept.display()
@@ -577,30 +569,24 @@ fn a_wall_clock_jump_of_an_hour_moves_neither_the_quiet_period_nor_liveness() {
     let offset_file = dir.path().join("offset");
     std::fs::write(&offset_file, "0").unwrap();
     let state = dir.path().join("sim");
-    let log = dir.path().join("agent.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let child = gpuops()
-        .args([
-            "agent",
-            "--simulate",
-            "dgx-h100",
-            "--sim-state",
-            state.to_str().unwrap(),
-        ])
-        .args([
-            "--interval",
-            "500ms",
-            "--health-quiet-period",
-            "5s",
-            "--no-device-plugin",
-        ])
-        .env("LD_PRELOAD", &shim)
-        .env("FAKE_WALL_OFFSET_FILE", &offset_file)
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .unwrap();
-    let agent = Agent { child, log };
+    let mut cmd = gpuops();
+    cmd.args([
+        "agent",
+        "--simulate",
+        "dgx-h100",
+        "--sim-state",
+        state.to_str().unwrap(),
+    ])
+    .args([
+        "--interval",
+        "500ms",
+        "--health-quiet-period",
+        "5s",
+        "--no-device-plugin",
+    ])
+    .env("LD_PRELOAD", &shim)
+    .env("FAKE_WALL_OFFSET_FILE", &offset_file);
+    let agent = Agent::spawn(cmd, &dir.path().join("agent.log"));
     let address = agent.address();
     agent.wait_for("watching 8 GPUs");
     let gpu3 = |body: &str| {

@@ -4,15 +4,15 @@
 
 mod common;
 
+use gpuops_testbed::ChildGuard;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `gpuops exporter` (or `agent`) writing its output to a log file; killed on drop.
+/// `gpuops exporter` (or `agent`) writing its output to a log file; stopped on drop.
 struct Served {
-    child: Child,
-    log: PathBuf,
+    process: ChildGuard,
     address: String,
 }
 
@@ -24,18 +24,11 @@ impl Served {
     /// The same with the command adjusted first (its environment, say).
     fn start_with(dir: &Path, args: &[&str], adjust: impl FnOnce(&mut Command)) -> Served {
         let log = dir.join(format!("exporter-{}.log", args.join("-").len()));
-        let out = std::fs::File::create(&log).unwrap();
         let mut command = common::gpuops();
         adjust(&mut command);
-        let child = command
-            .args(args)
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap();
+        command.args(args);
         let mut served = Served {
-            child,
-            log,
+            process: ChildGuard::spawn("gpuops", command, &log).unwrap(),
             address: String::new(),
         };
         served.address = served
@@ -49,25 +42,13 @@ impl Served {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.output()
     }
 
     fn wait_for_line(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
-                return line.to_string();
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("exited with {status} before {needle:?}:\n{}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} in:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.process
+            .wait_for_line(needle, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn get(&self, path: &str) -> (String, String) {
@@ -98,17 +79,6 @@ impl Served {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        std::thread::sleep(Duration::from_millis(200));
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -494,9 +464,9 @@ fn a_missing_kubelet_socket_is_reported_once_and_metrics_keep_flowing() {
     assert!(log.contains(socket.to_str().unwrap()), "{log}");
 }
 
-/// A real Prometheus on a free loopback port with `config`; killed on drop.
+/// A real Prometheus on a free loopback port with `config`; stopped on drop.
 struct Prometheus {
-    child: Child,
+    _process: ChildGuard,
     address: String,
     log: PathBuf,
 }
@@ -511,20 +481,17 @@ impl Prometheus {
         let file = dir.join("prometheus.yml");
         std::fs::write(&file, config).unwrap();
         let log = dir.join("prometheus.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", file.display()))
+        let mut cmd = Command::new("prometheus");
+        cmd.arg(format!("--config.file={}", file.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
                 dir.join("tsdb").display()
             ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .expect("prometheus not found: scripts/test installs Debian's prometheus package");
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+        let process = ChildGuard::spawn("prometheus", cmd, &log)
+            .unwrap_or_else(|e| panic!("{e}: scripts/test installs Debian's prometheus package"));
         Prometheus {
-            child,
+            _process: process,
             address: format!("127.0.0.1:{port}"),
             log,
         }
@@ -570,13 +537,6 @@ impl Prometheus {
             );
             std::thread::sleep(Duration::from_millis(500));
         }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
