@@ -342,6 +342,26 @@ mod tests {
     use crate::testkit::*;
 
     #[test]
+    fn one_pool_label_list_holds_every_provider_and_the_instance_type_last() {
+        // The union of the doctor's and gpuops-observe's former lists, each key once; the
+        // instance type is the fallback for nodes no provider labelled, so it comes last.
+        let labels = crate::POOL_LABELS;
+        for key in [
+            "cloud.google.com/gke-nodepool",
+            "eks.amazonaws.com/nodegroup",
+            "karpenter.sh/nodepool",
+            "kubernetes.azure.com/agentpool",
+            "agentpool",
+            "cluster.x-k8s.io/deployment-name",
+        ] {
+            assert!(labels.contains(&key), "{key} missing from {labels:?}");
+        }
+        assert_eq!(labels.last(), Some(&"node.kubernetes.io/instance-type"));
+        let unique: std::collections::BTreeSet<_> = labels.iter().collect();
+        assert_eq!(unique.len(), labels.len(), "{labels:?}");
+    }
+
+    #[test]
     fn zero_allocatable_and_its_look_alikes() {
         // No plugin registered, driver label present.
         let mut a = node("gpu-1");
