@@ -5,17 +5,29 @@
 //! nodes, machines in flight with their stage, pending GPU pods, PDBs), the [`State`] kept
 //! between calls and the time, and returns a [`Decision`]: scale-ups, nodes to remove, machines
 //! that timed out, the plan of every pending pod and the explanations for events. The
-//! controller builds the snapshot from the API server; a trace replay builds it in simulated
-//! time. See `docs/autoscaling.md`.
+//! controller builds the snapshot from the API server ([`snapshot`], with the `k8s` feature);
+//! a trace replay builds it in simulated time. See `docs/autoscaling.md`.
+//!
+//! Also the controller's other pure parts: the MIG demand reconciler's view of the Nodes and
+//! what it owes booting nodes ([`mig_owed`], [`mig_plan`], `mig_view` with `k8s`), the status
+//! it publishes ([`status`]), and Kubernetes times against its clock ([`time`]).
 #![forbid(unsafe_code)]
 
 mod decide;
 pub mod decision;
 pub mod error;
 pub mod mig_demand;
+pub mod mig_owed;
+pub mod mig_plan;
+#[cfg(feature = "k8s")]
+pub mod mig_view;
 pub mod model;
 pub mod pool;
 mod scaledown;
+#[cfg(feature = "k8s")]
+pub mod snapshot;
+pub mod status;
+pub mod time;
 
 pub use decision::{Decision, Event, InFlight, Plan, PodPlan, Removal, ScaleUp, Target, TimedOut};
 pub use error::AutoscaleError;

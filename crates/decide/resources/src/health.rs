@@ -3,7 +3,6 @@
 //! instance, or the whole GPU), and recovery once no XID recurred for a quiet period — NVIDIA's
 //! plugin never recovers without a restart.
 
-use crate::ResourcesError;
 use crate::model::Resource;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,21 +27,19 @@ impl HealthPolicy {
         disable: Option<&str>,
         enable: Option<&str>,
         quiet_period_ms: u64,
-    ) -> Result<HealthPolicy, ResourcesError> {
+    ) -> Result<HealthPolicy, String> {
         let mut policy = HealthPolicy {
             disabled: false,
             ignored: DEFAULT_IGNORED_XIDS.into_iter().collect(),
             quiet_period_ms,
         };
-        let list = |var: &'static str, text: &str| -> Result<Vec<u64>, ResourcesError> {
+        let list = |var: &str, text: &str| -> Result<Vec<u64>, String> {
             text.split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
                 .map(|s| {
-                    s.parse::<u64>().map_err(|_| ResourcesError::NotAnXid {
-                        var,
-                        given: s.to_string(),
-                    })
+                    s.parse::<u64>()
+                        .map_err(|_| format!("{var}: {s:?} is not an XID number (or all/xids)"))
                 })
                 .collect()
         };
@@ -214,7 +211,6 @@ mod tests {
         assert!(
             HealthPolicy::from_env(Some("x1"), None, 1)
                 .unwrap_err()
-                .to_string()
                 .contains("DP_DISABLE_HEALTHCHECKS")
         );
     }

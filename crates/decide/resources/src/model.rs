@@ -266,14 +266,13 @@ pub fn resources(inv: &Inventory, cfg: &Config) -> Result<Vec<Resource>, Resourc
     let mut targets: Vec<(String, Sharing)> = Vec::new();
     if let Some(section) = section {
         for (ei, entry) in section.resources.iter().enumerate() {
-            let name = qualify_resource_name(&entry.name.value)
-                .map_err(|e| ResourcesError::InvalidName(Box::new(e)))?;
+            let name =
+                qualify_resource_name(&entry.name.value).map_err(ResourcesError::InvalidName)?;
             let target = match &entry.rename {
-                Some(r) => qualify_resource_name(&r.value)
-                    .map_err(|e| ResourcesError::InvalidName(Box::new(e)))?,
+                Some(r) => qualify_resource_name(&r.value).map_err(ResourcesError::InvalidName)?,
                 None if section.rename_by_default => {
                     qualify_resource_name(&format!("{name}.shared"))
-                        .map_err(|e| ResourcesError::InvalidName(Box::new(e)))?
+                        .map_err(ResourcesError::InvalidName)?
                 }
                 None => name.clone(),
             };

@@ -145,7 +145,7 @@ pub async fn remove_node(
 ) -> Result<Drain, ControllerError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let patch = json!({
-        "metadata": {"annotations": {crate::snapshot::NODE_REMOVING: "true"}},
+        "metadata": {"annotations": {gpuops_autoscale::snapshot::NODE_REMOVING: "true"}},
         "spec": {"unschedulable": true}
     });
     nodes

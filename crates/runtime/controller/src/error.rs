@@ -18,7 +18,8 @@ pub enum ControllerError {
     /// The GPU utilization feed (`--prometheus-url`).
     #[error("Prometheus {url}: {message}")]
     Prometheus { url: String, message: String },
-    /// A mig-parted config the MIG reconciler read or generated.
-    #[error("MIG config: {0}")]
-    Mig(String),
+    /// What the MIG reconciler read or generated does not parse (its owed configs, a
+    /// mig-parted config).
+    #[error(transparent)]
+    Mig(#[from] gpuops_autoscale::AutoscaleError),
 }

@@ -9,7 +9,6 @@ pub mod metrics;
 pub mod mig;
 pub mod prom;
 pub mod run;
-pub mod snapshot;
 pub mod status;
 
 pub use error::ControllerError;

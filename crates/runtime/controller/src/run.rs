@@ -5,9 +5,9 @@
 use crate::act;
 use crate::error::ControllerError;
 use crate::metrics::Metrics;
-use crate::snapshot::{self, Objects};
 use crate::status::{self, Status};
 use futures::StreamExt;
+use gpuops_autoscale::snapshot::{self, Objects};
 use gpuops_autoscale::{Decision, Event as AEvent, State, Target};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -334,14 +334,6 @@ fn values(store: &Store<DynamicObject>) -> Vec<Value> {
         .collect()
 }
 
-/// When a pod could have been created at the latest, for the batch window: a creationTimestamp
-/// has whole seconds, so a pod created at x.9 s looked a second idle at x+1.0 and a burst
-/// straddling a second was split (bench-autoscale (b): 6 pods alone, 12 nodes where 7 fit).
-/// The latest is its first sighting here, never more than a second after the timestamp.
-fn latest_creation(created: u64, first_seen: u64) -> u64 {
-    created.max(first_seen.min(created.saturating_add(999)))
-}
-
 /// How long after the batch window's computed close the next pass runs, so it sees it closed.
 const BATCH_CLOSE_MARGIN_MS: u64 = 5;
 
@@ -397,7 +389,7 @@ async fn pass(
     drop(pending);
     for p in &mut snap.pending {
         let first = *seen.entry(p.key.clone()).or_insert(now);
-        p.created = latest_creation(p.created, first);
+        p.created = gpuops_autoscale::time::latest_creation(p.created, first);
     }
     let mut mig = match &ctx.mig {
         Some(m) => {
@@ -481,7 +473,7 @@ async fn pass(
         .await;
     let mut st = status::build(&snap, &error_texts, &d, now, &ctx.cfg.identity, previous);
     if let Some(mp) = &mig {
-        status::add_mig(&mut st, mp);
+        status::add_mig(&mut st, &mp.decision, &mp.status, &mp.owed);
     }
     write_status(ctx, &st).await?;
     match first_error {
@@ -662,17 +654,6 @@ pub async fn read_status(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn a_pods_latest_creation_is_its_first_sighting_within_its_timestamps_second() {
-        // Seen 0.9 s into its second: created then at the latest.
-        assert_eq!(latest_creation(10_000, 10_900), 10_900);
-        // Seen later (a restart, a slow watch): no more than the second's end.
-        assert_eq!(latest_creation(10_000, 60_000), 10_999);
-        // A clock behind the apiserver's: never before the timestamp.
-        assert_eq!(latest_creation(10_000, 9_000), 10_000);
-        assert_eq!(latest_creation(u64::MAX, u64::MAX), u64::MAX);
-    }
 
     #[test]
     fn cached_objects_lose_managed_fields_and_the_last_applied_copy_only() {

@@ -1,5 +1,7 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
-use gpuops_autoscale::PendingPod;
+use crate::mig_demand::{MigConfig, MigMemory, NamedConfigYaml, decide_mig};
+use crate::mig_owed::{BootNode, OwedMap, config_layout, merge_configs, owed_json, parse_owed};
 
 fn node(name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Arc<Node> {
     let m = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
@@ -78,8 +80,9 @@ fn the_view_reads_the_agents_layout_and_states_and_only_single_profile_mig_pods(
     assert_eq!((pods[0].profile.as_str(), pods[0].count), ("3g.40gb", 2));
     assert!(pools.is_empty());
     assert_eq!(problems.len(), 1);
+    let problem = problems[0].to_string();
     assert!(
-        problems[0].contains("node broken") && problems[0].contains(LAYOUT_ANNOTATION),
+        problem.contains("node broken") && problem.contains(LAYOUT_ANNOTATION),
         "{problems:?}"
     );
     assert!(is_mig_pod(&snap.pending[0]));
@@ -192,14 +195,14 @@ fn changes_under_way_and_failed_ones_are_listed_for_the_status() {
     );
 }
 
-fn mig_pool(replicas: u32) -> gpuops_autoscale::Pool {
-    gpuops_autoscale::Pool {
+fn mig_pool(replicas: u32) -> crate::Pool {
+    crate::Pool {
         name: "default/a100".into(),
         min: 0,
         max: 4,
         replicas,
         price_per_hour: 10.0,
-        template: gpuops_autoscale::NodeTemplate {
+        template: crate::NodeTemplate {
             cpu_milli: 64_000,
             memory_mib: 512 * 1024,
             gpus: 0,
@@ -213,7 +216,7 @@ fn mig_pool(replicas: u32) -> gpuops_autoscale::Pool {
             ]),
             taints: Vec::new(),
         },
-        timeouts: gpuops_autoscale::StageTimeouts::default(),
+        timeouts: crate::StageTimeouts::default(),
     }
 }
 
@@ -258,7 +261,7 @@ fn a_mig_pool_buys_once_and_its_launched_node_counts_until_it_publishes_a_layout
 }
 
 /// A pool coming up with 7x `1g.10gb`: a `3g.40gb` pod needs a generated layout.
-fn mig_1g_pool(replicas: u32) -> gpuops_autoscale::Pool {
+fn mig_1g_pool(replicas: u32) -> crate::Pool {
     let mut p = mig_pool(replicas);
     p.template.scalars = BTreeMap::from([("nvidia.com/mig-1g.10gb".to_string(), 7)]);
     p.template
@@ -408,18 +411,6 @@ fn a_node_created_in_the_second_of_its_entry_is_its_node() {
 }
 
 #[test]
-fn a_kubernetes_time_counts_as_its_whole_second() {
-    use crate::snapshot::{may_be_at_or_after, second_end};
-    assert_eq!(second_end(NOON), NOON + 999);
-    assert_eq!(second_end(NOON + 999), NOON + 999);
-    assert_eq!(second_end(NOON + 1_000), NOON + 1_999);
-    assert!(may_be_at_or_after(NOON, NOON + 500));
-    assert!(may_be_at_or_after(NOON, NOON + 999));
-    assert!(!may_be_at_or_after(NOON, NOON + 1_000));
-    assert!(!may_be_at_or_after(NOON - 1_000, NOON));
-}
-
-#[test]
 fn an_owed_entry_waits_for_its_node_then_expires() {
     let list = vec![owed("gpuops-aaaa", 10_000)];
     let a = assign(&list, &[fresh("old", 9_000)], 1, 20_000, 60_000);
@@ -484,11 +475,11 @@ fn fresh_nodes_are_the_pools_registered_ones_nothing_labelled() {
         ),
         created("other-pool", &[(CONFIG_LABEL, "all-1g.10gb")], &[]),
     ];
-    let machine = |node: &str, pool: &str| gpuops_autoscale::Machine {
+    let machine = |node: &str, pool: &str| crate::Machine {
         name: format!("default/{node}"),
         pool: pool.into(),
         node: Some(node.into()),
-        stage: gpuops_autoscale::Stage::Registered,
+        stage: crate::Stage::Registered,
         stage_since: 0,
         failed: false,
     };
@@ -553,11 +544,11 @@ fn a_launched_node_counts_with_what_its_pool_owes_it_so_one_need_buys_one_node()
     assert_eq!(d3.scale_ups.len(), 1, "{d3:?}");
     // Registered and labelled (the entry popped): the label's layout from the ConfigMap.
     let labelled = node("new", &[(CONFIG_LABEL, su.config_name.as_str())], &[]);
-    snap.machines = vec![gpuops_autoscale::Machine {
+    snap.machines = vec![crate::Machine {
         name: "default/new".into(),
         pool: "default/a100".into(),
         node: Some("new".into()),
-        stage: gpuops_autoscale::Stage::Devices,
+        stage: crate::Stage::Devices,
         stage_since: 0,
         failed: false,
     }];
@@ -580,7 +571,7 @@ fn a_ready_node_relabelled_at_boot_counts_free_until_it_advertises_the_new_layou
         ("3g.40gb".to_string(), 1),
         ("1g.10gb".to_string(), 2),
     ])];
-    let ready = |free: &[(&str, u64)]| gpuops_autoscale::Node {
+    let ready = |free: &[(&str, u64)]| crate::Node {
         name: "new".into(),
         pool: Some("default/a100".into()),
         machine: Some("default/new".into()),
@@ -650,4 +641,18 @@ fn a_ready_node_relabelled_at_boot_counts_free_until_it_advertises_the_new_layou
     let b = busy(&nodes);
     assert!(b.contains(&("3g.40gb".to_string(), true)), "{b:?}");
     assert_eq!(b.iter().filter(|(_, x)| *x).count(), 1, "{b:?}");
+}
+
+#[test]
+fn the_minimum_interval_counts_from_the_end_of_the_changed_at_second() {
+    let nodes = vec![node(
+        "applied",
+        &[(CONFIG_LABEL, "all-1g.10gb"), (STATE_LABEL, "success")],
+        &[
+            (LAYOUT_ANNOTATION, LAYOUT),
+            (CHANGED_ANNOTATION, "2026-12-01T10:00:00Z"),
+        ],
+    )];
+    let (mig_nodes, _, _, _) = view(&nodes, &Snapshot::default(), &Boot::default());
+    assert_eq!(mig_nodes[0].changed_at, Some(1_796_119_200_999));
 }

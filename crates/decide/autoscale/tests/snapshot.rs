@@ -2,9 +2,9 @@
 //! From API objects to the decision: Machines' stages, nodes' pools and free capacity, pending
 //! GPU pods, and a full decision on top.
 
+use gpuops_autoscale::snapshot::{Objects, STARTUP_TAINT, build};
+use gpuops_autoscale::status;
 use gpuops_autoscale::{Config, Plan, Stage, State, decide, pool};
-use gpuops_controller::snapshot::{Objects, STARTUP_TAINT, build};
-use gpuops_controller::status;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde_json::{Value, json};

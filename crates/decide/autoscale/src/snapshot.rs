@@ -1,17 +1,20 @@
 //! From API objects to the autoscaler's snapshot (pure): which Machine and pool each Node
 //! belongs to, the stage of every machine in flight, free capacity per node, pending GPU pods
-//! with their constraints, and PDBs.
+//! with their constraints, and PDBs. The controller observes the objects; this reads them.
 
-use gpuops_autoscale::{
-    AutoscaleError, DO_NOT_DISRUPT, Machine, Millis, Node as ANode, PODS, Pdb, PendingPod, Pool,
-    RunningPod, Snapshot, Stage,
+use crate::error::AutoscaleError;
+use crate::model::{
+    DO_NOT_DISRUPT, Machine, Millis, Node as ANode, PODS, Pdb, PendingPod, Pool, RunningPod,
+    Snapshot, Stage,
 };
+use crate::time::{parse_rfc3339, second_end};
 use gpuops_kubemodel::fit::Taint;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Node annotation naming its Machine (Cluster API).
 pub const NODE_MACHINE: &str = "cluster.x-k8s.io/machine";
@@ -42,54 +45,9 @@ fn ts_ms(v: &Value) -> Option<Millis> {
     parse_rfc3339(v.as_str()?)
 }
 
-/// Milliseconds since the epoch of an RFC 3339 timestamp.
-pub(crate) fn parse_rfc3339(s: &str) -> Option<Millis> {
-    // Enough for what the API server writes (`2025-01-01T00:00:00Z`, optional fraction).
-    let (date, time) = s.trim_end_matches('Z').split_once('T')?;
-    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let time = time.split(['+']).next()?;
-    let mut t = time.split(':');
-    let (hh, mm) = (
-        t.next()?.parse::<i64>().ok()?,
-        t.next()?.parse::<i64>().ok()?,
-    );
-    let ss: f64 = t.next()?.parse().ok()?;
-    // Days from civil (Howard Hinnant's algorithm).
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hh * 3600 + mm * 60;
-    u64::try_from(secs)
-        .ok()
-        .map(|s| s * 1000 + (ss * 1000.0) as u64)
-}
-
-/// One second, the resolution of a Kubernetes time.
-const SECOND_MS: Millis = 1000;
-
-/// The last millisecond of the second a Kubernetes time `t` names. The API server writes
-/// `metav1.Time` (creation times, condition transitions, our `changed-at` annotation) in whole
-/// seconds, truncated, while our clock reads milliseconds: a Kubernetes time names the whole
-/// second `[t, t + 999 ms]`, and comparing it as the instant `t` with a time of ours is wrong
-/// by up to a second, always the same way (a node created 300 ms after a scale-up decided at
-/// 12:00:00.500 is stamped 12:00:00 and looks older than the decision). Timeouts and minimum
-/// intervals measured from this end never end early.
-pub(crate) fn second_end(t: Millis) -> Millis {
-    (t - t % SECOND_MS).saturating_add(SECOND_MS - 1)
-}
-
-/// Whether something stamped with the Kubernetes time `k8s` can have happened at or after
-/// `ours` (ms): the same second counts, as the stamp dropped the milliseconds.
-pub(crate) fn may_be_at_or_after(k8s: Millis, ours: Millis) -> bool {
-    second_end(k8s) >= ours
-}
-
-fn meta_time(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<Millis> {
+/// Milliseconds since the epoch of a Kubernetes time: the start of the whole second it names
+/// (see [`crate::time`] for comparing it with the controller's clock).
+pub fn meta_time(t: Option<&Time>) -> Option<Millis> {
     let v = serde_json::to_value(t?).ok()?;
     parse_rfc3339(v.as_str()?)
 }
@@ -185,7 +143,9 @@ fn devices_ready(n: &Node, pool: &Pool) -> bool {
     gpu_ok && mig_ok
 }
 
-/// A pending pod asking a GPU resource, as the decision sees it; `None` for other pods.
+/// A pending pod asking a GPU resource, as the decision sees it; `None` for other pods. Its
+/// `created` is the start of its creationTimestamp's second; the controller moves it to the
+/// latest it can be ([`crate::time::latest_creation`]) with its first sighting.
 pub fn pending_pod(p: &Pod, now: Millis) -> Option<PendingPod> {
     let spec = p.spec.as_ref()?;
     if spec.node_name.is_some() || is_done(p) || p.metadata.deletion_timestamp.is_some() {
@@ -255,28 +215,79 @@ pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
     now: Millis,
 ) -> (Snapshot, Vec<AutoscaleError>) {
     let nodes: Vec<&Node> = objs.nodes.iter().map(Borrow::borrow).collect();
-    let (mut pools, errors) = gpuops_autoscale::pool::parse_pools(objs.machine_deployments);
+    let (mut pools, errors) = crate::pool::parse_pools(objs.machine_deployments);
     let skipped: Vec<String> = errors
         .iter()
-        .map(|e| e.pool().unwrap_or_default().to_string())
+        .filter_map(AutoscaleError::pool)
+        .map(str::to_string)
         .collect();
     pools.sort_by(|a, b| a.name.cmp(&b.name));
     let pool_of: HashMap<&str, &Pool> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
+    let node_machine = node_machines(objs.machines, &nodes);
+    let (machines, in_flight_nodes) = machines_in_flight(objs.machines, &nodes, &pool_of, now);
+    // Pods per node.
+    let mut on_node: HashMap<&str, Vec<&Pod>> = HashMap::new();
+    let mut pending = Vec::new();
+    for p in objs.pods.iter().map(Borrow::borrow) {
+        match p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            Some(n) if !is_done(p) => on_node.entry(n).or_default().push(p),
+            Some(_) => {}
+            None => pending.extend(pending_pod(p, now)),
+        }
+    }
 
-    let nodes_by_name: HashMap<&str, &Node> = nodes
+    // Ready nodes: free capacity from the packing engine's model of each node.
+    let ready: Vec<&Node> = nodes
         .iter()
-        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, *n)))
+        .copied()
+        .filter(|n| {
+            n.metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| !in_flight_nodes.contains(name))
+                && condition(n, "Ready").is_some_and(|c| c.status == "True")
+                && !taints_of(n).iter().any(|t| t.key == STARTUP_TAINT)
+        })
         .collect();
-    // Node -> (machine key, pool) through the Machines (the authoritative link) and the Node's
-    // own annotation as a fallback while the Machine's nodeRef is not set yet.
+    let bound: Vec<&Pod> = on_node.values().flatten().copied().collect();
+    let model = gpuops_kubemodel::snapshot(&ready, &bound, None, None).ok();
+    let nodes = ready
+        .iter()
+        .map(|n| {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let (machine, pool) = node_machine
+                .get(&name)
+                .map_or((None, None), |(m, p)| (Some(m.clone()), p.clone()));
+            let pool = pool.filter(|p| pool_of.contains_key(p.as_str()));
+            let pods = on_node.get(name.as_str()).cloned().unwrap_or_default();
+            ready_node(n, name, machine, pool, &pods, model.as_ref(), objs.gpu_util)
+        })
+        .collect();
+    let pdbs = objs.pdbs.iter().map(pdb).collect();
+    (
+        Snapshot {
+            pools,
+            nodes,
+            machines,
+            pending,
+            pdbs,
+            skipped_pools: skipped,
+        },
+        errors,
+    )
+}
+
+/// Node -> (machine key, pool) through the Machines (the authoritative link) and the Node's
+/// own annotation as a fallback while the Machine's nodeRef is not set yet.
+fn node_machines(machines: &[Value], nodes: &[&Node]) -> HashMap<String, (String, Option<String>)> {
     let mut node_machine: HashMap<String, (String, Option<String>)> = HashMap::new();
-    for m in objs.machines {
+    for m in machines {
         if let Some(node) = machine_node(m) {
             node_machine.insert(node.to_string(), (machine_key(m), machine_pool(m)));
         }
     }
     let machines_by_key: HashMap<String, &Value> =
-        objs.machines.iter().map(|m| (machine_key(m), m)).collect();
+        machines.iter().map(|m| (machine_key(m), m)).collect();
     for n in nodes.iter().copied() {
         let (Some(name), Some(a)) = (n.metadata.name.as_deref(), n.metadata.annotations.as_ref())
         else {
@@ -294,11 +305,25 @@ pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
             node_machine.insert(name.to_string(), (k, pool));
         }
     }
+    node_machine
+}
 
-    // Machines in flight and their stage.
+/// The Machines in flight with their stage, and their Nodes (registered, not ready yet).
+/// Stages start at Kubernetes times (whole seconds): from the end of the second, so that a
+/// stage's timeout never ends early (see [`crate::time`]).
+fn machines_in_flight(
+    objs_machines: &[Value],
+    nodes: &[&Node],
+    pool_of: &HashMap<&str, &Pool>,
+    now: Millis,
+) -> (Vec<Machine>, HashSet<String>) {
+    let nodes_by_name: HashMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, *n)))
+        .collect();
     let mut machines = Vec::new();
-    let mut in_flight_nodes: std::collections::HashSet<String> = std::collections::HashSet::new();
-    for m in objs.machines {
+    let mut in_flight_nodes: HashSet<String> = HashSet::new();
+    for m in objs_machines {
         let Some(pool_name) = machine_pool(m) else {
             continue;
         };
@@ -310,8 +335,6 @@ pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
         }
         let phase = m["status"]["phase"].as_str().unwrap_or("");
         let failed = phase == "Failed";
-        // Stage times are Kubernetes times (whole seconds): a stage's timeout counts from the
-        // end of the second, so it never ends early.
         let created = ts_ms(&m["metadata"]["creationTimestamp"])
             .map(second_end)
             .unwrap_or(now);
@@ -353,65 +376,42 @@ pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
             failed,
         });
     }
+    (machines, in_flight_nodes)
+}
 
-    // Pods per node.
-    let mut on_node: HashMap<&str, Vec<&Pod>> = HashMap::new();
-    let mut pending = Vec::new();
-    for p in objs.pods.iter().map(Borrow::borrow) {
-        match p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            Some(n) if !is_done(p) => on_node.entry(n).or_default().push(p),
-            Some(_) => {}
-            None => pending.extend(pending_pod(p, now)),
-        }
-    }
-
-    // Ready nodes: free capacity from the packing engine's model of each node.
-    let ready: Vec<&Node> = nodes
-        .iter()
-        .copied()
-        .filter(|n| {
-            n.metadata
-                .name
-                .as_deref()
-                .is_some_and(|name| !in_flight_nodes.contains(name))
-                && condition(n, "Ready").is_some_and(|c| c.status == "True")
-                && !taints_of(n).iter().any(|t| t.key == STARTUP_TAINT)
-        })
-        .collect();
-    let bound: Vec<&Pod> = on_node.values().flatten().copied().collect();
-    let model = gpuops_kubemodel::snapshot(&ready, &bound, None, None).ok();
-    let mut nodes = Vec::new();
-    for n in &ready {
-        let name = n.metadata.name.clone().unwrap_or_default();
-        let (machine, pool) = node_machine
-            .get(&name)
-            .map_or((None, None), |(m, p)| (Some(m.clone()), p.clone()));
-        let pool = pool.filter(|p| pool_of.contains_key(p.as_str()));
-        let pods = on_node.get(name.as_str()).cloned().unwrap_or_default();
-        let labels = n.metadata.labels.clone().unwrap_or_default();
-        let mut scalars_free: BTreeMap<String, u64> = BTreeMap::new();
-        if let Some(a) = n.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
-            for (k, q) in a {
-                if k.starts_with("nvidia.com/mig-") || k == PODS {
-                    let have = gpuops_kubemodel::quantity(&q.0).unwrap_or(0.0);
-                    let used: f64 = pods
-                        .iter()
-                        .map(|p| {
-                            if k == PODS {
-                                1.0
-                            } else {
-                                gpuops_kubemodel::requests(p).get(k).copied().unwrap_or(0.0)
-                            }
-                        })
-                        .sum();
-                    scalars_free.insert(k.clone(), (have - used).max(0.0) as u64);
-                }
+/// A ready node as the decision sees it: free capacity from the packing engine's `model`,
+/// its pods, its pool and Machine.
+fn ready_node(
+    n: &Node,
+    name: String,
+    machine: Option<String>,
+    pool: Option<String>,
+    pods: &[&Pod],
+    model: Option<&gpuops_kubemodel::Snapshot>,
+    gpu_util: &HashMap<String, f64>,
+) -> ANode {
+    let labels = n.metadata.labels.clone().unwrap_or_default();
+    let mut scalars_free: BTreeMap<String, u64> = BTreeMap::new();
+    if let Some(a) = n.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
+        for (k, q) in a {
+            if k.starts_with("nvidia.com/mig-") || k == PODS {
+                let have = gpuops_kubemodel::quantity(&q.0).unwrap_or(0.0);
+                let used: f64 = pods
+                    .iter()
+                    .map(|p| {
+                        if k == PODS {
+                            1.0
+                        } else {
+                            gpuops_kubemodel::requests(p).get(k).copied().unwrap_or(0.0)
+                        }
+                    })
+                    .sum();
+                scalars_free.insert(k.clone(), (have - used).max(0.0) as u64);
             }
         }
-        let (cpu_free, mem_free, gpu_free, replicas) = match model
-            .as_ref()
-            .and_then(|m| m.position(&name).map(|i| (m, i)))
-        {
+    }
+    let (cpu_free, mem_free, gpu_free, replicas) =
+        match model.and_then(|m| m.position(&name).map(|i| (m, i))) {
             Some((m, i)) => {
                 let c = m.cluster.node(i);
                 (
@@ -423,100 +423,83 @@ pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
             }
             None => (0, 0, Vec::new(), 1),
         };
-        let gpu_resource = if allocatable(n, "nvidia.com/gpu.shared") > 0.0 {
-            "nvidia.com/gpu.shared"
-        } else if allocatable(n, "nvidia.com/gpu") > 0.0 {
-            "nvidia.com/gpu"
-        } else {
-            ""
-        };
-        let running: Vec<RunningPod> = pods
-            .iter()
-            .filter(|p| !is_daemon_or_mirror(p))
-            .map(|p| {
-                let ann = p.metadata.annotations.as_ref();
-                RunningPod {
-                    key: key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()),
-                    labels: p.metadata.labels.clone().unwrap_or_default(),
-                    gpu: gpuops_kubemodel::requests(p)
-                        .iter()
-                        .any(|(k, v)| is_gpu_resource(k) && *v > 0.0),
-                    do_not_disrupt: DO_NOT_DISRUPT
-                        .iter()
-                        .any(|a| ann.and_then(|m| m.get(*a)).is_some_and(|v| v == "true")),
-                }
-            })
-            .collect();
-        nodes.push(ANode {
-            removing: n
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(NODE_REMOVING)),
-            unschedulable: n
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
-            gpu_product: labels
-                .get("nvidia.com/gpu.product")
-                .cloned()
-                .unwrap_or_default(),
-            labels,
-            taints: taints_of(n),
-            cpu_free_milli: cpu_free,
-            memory_free_mib: mem_free,
-            gpu_resource: gpu_resource.to_string(),
-            gpu_replicas: replicas,
-            gpu_free,
-            scalars_free,
-            pods: running,
-            gpu_util: objs.gpu_util.get(&name).copied(),
-            name,
-            pool,
-            machine,
-        });
-    }
-
-    let pdbs = objs
-        .pdbs
+    let gpu_resource = if allocatable(n, "nvidia.com/gpu.shared") > 0.0 {
+        "nvidia.com/gpu.shared"
+    } else if allocatable(n, "nvidia.com/gpu") > 0.0 {
+        "nvidia.com/gpu"
+    } else {
+        ""
+    };
+    let running: Vec<RunningPod> = pods
         .iter()
+        .filter(|p| !is_daemon_or_mirror(p))
         .map(|p| {
-            let sel = p.spec.as_ref().and_then(|s| s.selector.as_ref());
-            let exprs = sel
-                .and_then(|s| s.match_expressions.as_ref())
-                .is_some_and(|e| !e.is_empty());
-            let allowed = p.status.as_ref().map_or(0, |s| {
-                u32::try_from(s.disruptions_allowed.max(0)).unwrap_or(0)
-            });
-            Pdb {
+            let ann = p.metadata.annotations.as_ref();
+            RunningPod {
                 key: key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()),
-                namespace: p
-                    .metadata
-                    .namespace
-                    .clone()
-                    .unwrap_or_else(|| "default".into()),
-                // A selector with expressions is not evaluated here: as an empty selector with
-                // no disruptions allowed it blocks its namespace's pods, the safe side.
-                match_labels: if exprs {
-                    BTreeMap::new()
-                } else {
-                    sel.and_then(|s| s.match_labels.clone()).unwrap_or_default()
-                },
-                disruptions_allowed: if exprs { 0 } else { allowed },
+                labels: p.metadata.labels.clone().unwrap_or_default(),
+                gpu: gpuops_kubemodel::requests(p)
+                    .iter()
+                    .any(|(k, v)| is_gpu_resource(k) && *v > 0.0),
+                do_not_disrupt: DO_NOT_DISRUPT
+                    .iter()
+                    .any(|a| ann.and_then(|m| m.get(*a)).is_some_and(|v| v == "true")),
             }
         })
         .collect();
+    ANode {
+        removing: n
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(NODE_REMOVING)),
+        unschedulable: n
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false),
+        gpu_product: labels
+            .get("nvidia.com/gpu.product")
+            .cloned()
+            .unwrap_or_default(),
+        labels,
+        taints: taints_of(n),
+        cpu_free_milli: cpu_free,
+        memory_free_mib: mem_free,
+        gpu_resource: gpu_resource.to_string(),
+        gpu_replicas: replicas,
+        gpu_free,
+        scalars_free,
+        pods: running,
+        gpu_util: gpu_util.get(&name).copied(),
+        name,
+        pool,
+        machine,
+    }
+}
 
-    (
-        Snapshot {
-            pools,
-            nodes,
-            machines,
-            pending,
-            pdbs,
-            skipped_pools: skipped,
+fn pdb(p: &PodDisruptionBudget) -> Pdb {
+    let sel = p.spec.as_ref().and_then(|s| s.selector.as_ref());
+    let exprs = sel
+        .and_then(|s| s.match_expressions.as_ref())
+        .is_some_and(|e| !e.is_empty());
+    let allowed = p.status.as_ref().map_or(0, |s| {
+        u32::try_from(s.disruptions_allowed.max(0)).unwrap_or(0)
+    });
+    Pdb {
+        key: key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()),
+        namespace: p
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        // A selector with expressions is not evaluated here: as an empty selector with
+        // no disruptions allowed it blocks its namespace's pods, the safe side.
+        match_labels: if exprs {
+            BTreeMap::new()
+        } else {
+            sel.and_then(|s| s.match_labels.clone()).unwrap_or_default()
         },
-        errors,
-    )
+        disruptions_allowed: if exprs { 0 } else { allowed },
+    }
 }
