@@ -14,7 +14,7 @@ pub enum LabelError {
     )]
     MpsWithMig { gpus: Vec<u32> },
     #[error("invalid resource name in the sharing config: {0}")]
-    InvalidResourceName(String),
+    InvalidResourceName(#[source] gpuops_resources::ResourcesError),
     #[error("annotation gpuops.io/gpu-health is not a health report: {0}")]
     InvalidHealthAnnotation(String),
 }

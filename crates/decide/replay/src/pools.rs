@@ -138,9 +138,9 @@ fn resolve_config(
     model: &GpuModel,
     config: &str,
     gpus: u32,
-) -> Result<Vec<Option<BTreeMap<String, u32>>>, String> {
+) -> Result<Vec<Option<BTreeMap<String, u32>>>, gpuops_mig::MigError> {
     let configs = gpuops_mig::config::nvidia_default_configs();
-    let named = configs.get(config).map_err(|e| e.to_string())?;
+    let named = configs.get(config)?;
     let mut per_gpu = vec![None; gpus as usize];
     for (g, slot) in per_gpu.iter_mut().enumerate() {
         // Entries apply in order: the last one selecting a GPU decides its state.

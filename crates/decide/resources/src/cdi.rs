@@ -377,7 +377,7 @@ pub const LDCACHE_CONF: &str = "etc/ld.so.conf.d/00-gpuops-cdi.conf";
 pub fn hook_rootfs(
     state: &str,
     read_config: impl FnOnce(&std::path::Path) -> std::io::Result<String>,
-) -> Result<std::path::PathBuf, String> {
+) -> Result<std::path::PathBuf, ResourcesError> {
     #[derive(Deserialize)]
     struct State {
         bundle: String,
@@ -390,30 +390,33 @@ pub fn hook_rootfs(
     struct Root {
         path: String,
     }
-    let state: State = serde_json::from_str(state).map_err(|e| {
-        format!("the OCI state on stdin is not valid (want a JSON object with \"bundle\"): {e}")
+    let state: State = serde_json::from_str(state).map_err(|e| ResourcesError::OciState {
+        message: e.to_string(),
     })?;
     let bundle = std::path::Path::new(&state.bundle);
     if !bundle.is_absolute() {
-        return Err(format!(
-            "the OCI state's bundle {:?} is not absolute",
-            state.bundle
-        ));
+        return Err(ResourcesError::BundleNotAbsolute(state.bundle));
     }
     let file = bundle.join("config.json");
-    let text = read_config(&file).map_err(|e| format!("reading {}: {e}", file.display()))?;
-    let config: Config = serde_json::from_str(&text)
-        .map_err(|e| format!("{}: no root.path: {e}", file.display()))?;
+    let text = read_config(&file).map_err(|e| ResourcesError::ReadBundleConfig {
+        path: file.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let config: Config =
+        serde_json::from_str(&text).map_err(|e| ResourcesError::BundleRootPath {
+            path: file.display().to_string(),
+            message: e.to_string(),
+        })?;
     Ok(bundle.join(config.root.path))
 }
 
 /// The text of [`LDCACHE_CONF`]: one absolute directory a line; anything else is refused.
-pub fn ldcache_conf(folders: &[String]) -> Result<String, String> {
+pub fn ldcache_conf(folders: &[String]) -> Result<String, ResourcesError> {
     let mut out =
         String::from("# The NVIDIA driver's libraries, mounted by the CDI spec gpuops wrote.\n");
     for f in folders {
         if !f.starts_with('/') || f.contains('\n') || f.split('/').any(|c| c == "..") {
-            return Err(format!("--folder {f:?} is not an absolute directory"));
+            return Err(ResourcesError::NotAbsoluteFolder(f.clone()));
         }
         out.push_str(f);
         out.push('\n');
@@ -1072,13 +1075,21 @@ mod tests {
         assert_eq!(root, std::path::PathBuf::from("/run/b/c1/rootfs"));
         let root = hook_rootfs(state, |_| Ok(r#"{"root":{"path":"/var/lib/r"}}"#.into())).unwrap();
         assert_eq!(root, std::path::PathBuf::from("/var/lib/r"));
-        let e = hook_rootfs("not json", |_| unreachable!()).unwrap_err();
+        let e = hook_rootfs("not json", |_| unreachable!())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("OCI state on stdin is not valid"), "{e}");
-        let e = hook_rootfs(r#"{"bundle":"rel"}"#, |_| unreachable!()).unwrap_err();
+        let e = hook_rootfs(r#"{"bundle":"rel"}"#, |_| unreachable!())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("\"rel\" is not absolute"), "{e}");
-        let e = hook_rootfs(state, |_| Err(std::io::Error::other("gone"))).unwrap_err();
+        let e = hook_rootfs(state, |_| Err(std::io::Error::other("gone")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("reading /run/b/c1/config.json: gone"), "{e}");
-        let e = hook_rootfs(state, |_| Ok("{}".into())).unwrap_err();
+        let e = hook_rootfs(state, |_| Ok("{}".into()))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("/run/b/c1/config.json: no root.path"), "{e}");
 
         let conf =
@@ -1088,7 +1099,7 @@ mod tests {
             "{conf}"
         );
         for bad in ["lib", "/a/../etc", "/a\n/b"] {
-            let e = ldcache_conf(&[bad.into()]).unwrap_err();
+            let e = ldcache_conf(&[bad.into()]).unwrap_err().to_string();
             assert!(e.contains("is not an absolute directory"), "{bad}: {e}");
         }
     }

@@ -281,15 +281,11 @@ impl DeviceListStrategy {
         }
     }
 
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, ResourcesError> {
         Self::ALL
             .into_iter()
             .find(|d| d.as_str() == s.trim())
-            .ok_or_else(|| {
-                format!(
-                    "unknown device list strategy {s:?}; expected envvar, volume-mounts, cdi-annotations or cdi-cri"
-                )
-            })
+            .ok_or_else(|| ResourcesError::UnknownDeviceListStrategy(s.to_string()))
     }
 
     pub fn is_cdi(self) -> bool {
@@ -316,14 +312,14 @@ impl DeviceListStrategies {
         !self.0.is_empty() && self.0.iter().all(|s| s.is_cdi())
     }
     /// Parses `envvar,volume-mounts` (the env var / flag form).
-    pub fn parse_list(s: &str) -> Result<Self, String> {
+    pub fn parse_list(s: &str) -> Result<Self, ResourcesError> {
         let items: Vec<DeviceListStrategy> = s
             .split(',')
             .filter(|p| !p.trim().is_empty())
             .map(DeviceListStrategy::parse)
             .collect::<Result<_, _>>()?;
         if items.is_empty() {
-            return Err("empty device list strategy".into());
+            return Err(ResourcesError::EmptyDeviceListStrategy);
         }
         Ok(DeviceListStrategies(items))
     }
@@ -454,7 +450,7 @@ pub enum DeviceRef {
 }
 
 impl DeviceRef {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, ResourcesError> {
         let s = s.trim();
         if let Ok(i) = s.parse::<u32>() {
             return Ok(DeviceRef::GpuIndex(i));
@@ -467,9 +463,7 @@ impl DeviceRef {
         if s.starts_with("GPU-") || s.starts_with("MIG-") {
             return Ok(DeviceRef::Uuid(s.to_string()));
         }
-        Err(format!(
-            "device {s:?} is not a GPU index, an i:j MIG index or a GPU-/MIG- UUID"
-        ))
+        Err(ResourcesError::BadDeviceRef(s.to_string()))
     }
 }
 
@@ -531,7 +525,7 @@ impl<'de> Deserialize<'de> for ReplicatedDevices {
                         IntOrString::Int(i) => u32::try_from(i)
                             .map(DeviceRef::GpuIndex)
                             .map_err(|_| format!("device index {i} out of range")),
-                        IntOrString::Str(s) => DeviceRef::parse(&s),
+                        IntOrString::Str(s) => DeviceRef::parse(&s).map_err(|e| e.to_string()),
                     };
                     out.push(r.map_err(de::Error::custom)?);
                 }
@@ -575,39 +569,37 @@ impl<'de> Deserialize<'de> for IntOrString {
 }
 
 /// Fully qualifies and checks a resource name the way NVIDIA does (`gpu` -> `nvidia.com/gpu`).
-pub fn qualify_resource_name(name: &str) -> Result<String, String> {
+pub fn qualify_resource_name(name: &str) -> Result<String, ResourcesError> {
     let full = if name.starts_with(&format!("{RESOURCE_PREFIX}/")) {
         name.to_string()
     } else if name.contains('/') {
-        return Err(format!(
-            "resource name {name:?} must be in the {RESOURCE_PREFIX}/ domain"
-        ));
+        return Err(ResourcesError::NameDomain {
+            name: name.to_string(),
+            domain: RESOURCE_PREFIX,
+        });
     } else {
         format!("{RESOURCE_PREFIX}/{name}")
     };
     if full.len() > MAX_RESOURCE_NAME_LEN {
-        return Err(format!(
-            "resource name {full:?} is longer than {MAX_RESOURCE_NAME_LEN} characters"
-        ));
+        return Err(ResourcesError::NameTooLong {
+            name: full,
+            max: MAX_RESOURCE_NAME_LEN,
+        });
     }
     let short = &full[RESOURCE_PREFIX.len() + 1..];
     if short.is_empty() {
-        return Err("resource name is empty".into());
+        return Err(ResourcesError::NameEmpty);
     }
     if let Some(bad) = short
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
     {
-        return Err(format!(
-            "resource name {full:?} contains {bad:?}; only letters, digits, '-', '_' and '.' are allowed"
-        ));
+        return Err(ResourcesError::NameCharacter { name: full, bad });
     }
     if !short.starts_with(|c: char| c.is_ascii_alphanumeric())
         || !short.ends_with(|c: char| c.is_ascii_alphanumeric())
     {
-        return Err(format!(
-            "resource name {full:?} must start and end with a letter or digit"
-        ));
+        return Err(ResourcesError::NameEnds { name: full });
     }
     Ok(full)
 }
@@ -958,9 +950,8 @@ impl Config {
         flags: &Overrides,
     ) -> Result<Config, ResourcesError> {
         let mut cfg = file.unwrap_or_default();
-        for (origin, o) in [("env", env), ("flags", flags)] {
-            o.apply(&mut cfg)
-                .map_err(|p| config_error(origin, None, p))?;
+        for o in [env, flags] {
+            o.apply(&mut cfg);
         }
         let f = &mut cfg.flags;
         f.mig_strategy.get_or_insert_default();
@@ -1021,17 +1012,24 @@ pub struct Overrides {
 }
 
 /// Go's `strconv.ParseBool`, which NVIDIA's CLI uses for env vars.
-pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+pub fn parse_go_bool(s: &str) -> Result<bool, ResourcesError> {
     match s {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(format!("{s:?} is not a boolean")),
+        _ => Err(ResourcesError::NotBoolean(s.to_string())),
     }
 }
 
-fn parse_enum<T: for<'de> Deserialize<'de>>(s: &str, expected: &str) -> Result<T, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_string()))
-        .map_err(|_| format!("{s:?}: expected one of {expected}"))
+fn parse_enum<T: for<'de> Deserialize<'de>>(
+    s: &str,
+    expected: &'static str,
+) -> Result<T, ResourcesError> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
+        ResourcesError::NotOneOf {
+            given: s.to_string(),
+            expected,
+        }
+    })
 }
 
 impl Overrides {
@@ -1089,19 +1087,22 @@ impl Overrides {
     /// the value when the flag was given; an error names the flag.
     pub fn from_flags<'a>(
         flags: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
-    ) -> Result<Overrides, String> {
+    ) -> Result<Overrides, ResourcesError> {
         let mut o = Overrides::default();
         for (var, value) in flags {
             if let Some(v) = value {
-                let flag = var.to_lowercase().replace('_', "-");
-                o.set(var, v).map_err(|e| format!("--{flag} {v:?}: {e}"))?;
+                o.set(var, v).map_err(|e| ResourcesError::Flag {
+                    flag: var.to_lowercase().replace('_', "-"),
+                    value: v.to_string(),
+                    source: Box::new(e),
+                })?;
             }
         }
         Ok(o)
     }
 
     /// Sets one value by its env var name; unknown names are ignored.
-    pub fn set(&mut self, var: &str, v: &str) -> Result<(), String> {
+    pub fn set(&mut self, var: &str, v: &str) -> Result<(), ResourcesError> {
         match var {
             "MIG_STRATEGY" => {
                 self.mig_strategy = Some(parse_enum(v, "none, single, mixed")?);
@@ -1133,9 +1134,9 @@ impl Overrides {
             "DEVICE_SPLIT_COUNT" => {
                 let n: u32 = v
                     .parse()
-                    .map_err(|_| format!("{v:?} is not a whole number"))?;
+                    .map_err(|_| ResourcesError::NotWholeNumber(v.to_string()))?;
                 if n == 0 {
-                    return Err("must be at least 1 (1 = no sharing)".into());
+                    return Err(ResourcesError::SplitCountZero);
                 }
                 self.device_split_count = Some(n);
             }
@@ -1144,7 +1145,7 @@ impl Overrides {
         Ok(())
     }
 
-    fn apply(&self, cfg: &mut Config) -> Result<(), String> {
+    fn apply(&self, cfg: &mut Config) {
         fn put<T: Clone>(dst: &mut Option<T>, src: &Option<T>) {
             if let Some(v) = src {
                 *dst = Some(v.clone());
@@ -1191,7 +1192,6 @@ impl Overrides {
                 replicas: Some(i64::from(n)).into(),
             });
         }
-        Ok(())
     }
 }
 
@@ -1333,7 +1333,9 @@ sharing:
         let o =
             Overrides::from_flags([("MIG_STRATEGY", Some("mixed")), ("MPS_ROOT", None)]).unwrap();
         assert_eq!(o.mig_strategy, Some(MigStrategy::Mixed));
-        let e = Overrides::from_flags([("DEVICE_ID_STRATEGY", Some("serial"))]).unwrap_err();
+        let e = Overrides::from_flags([("DEVICE_ID_STRATEGY", Some("serial"))])
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("--device-id-strategy \"serial\": "), "{e}");
     }
 

@@ -49,7 +49,50 @@ pub enum ResourcesError {
     )]
     ConflictingSharing { name: String, a: String, b: String },
     #[error("invalid resource name: {0}")]
-    InvalidName(String),
+    InvalidName(#[source] Box<ResourcesError>),
+    // A resource name NVIDIA would not accept.
+    #[error("resource name {name:?} must be in the {domain}/ domain")]
+    NameDomain { name: String, domain: &'static str },
+    #[error("resource name {name:?} is longer than {max} characters")]
+    NameTooLong { name: String, max: usize },
+    #[error("resource name is empty")]
+    NameEmpty,
+    #[error(
+        "resource name {name:?} contains {bad:?}; only letters, digits, '-', '_' and '.' are allowed"
+    )]
+    NameCharacter { name: String, bad: char },
+    #[error("resource name {name:?} must start and end with a letter or digit")]
+    NameEnds { name: String },
+    // A value of an env var, a flag or a config field that cannot be used.
+    #[error(
+        "unknown device list strategy {0:?}; expected envvar, volume-mounts, cdi-annotations or cdi-cri"
+    )]
+    UnknownDeviceListStrategy(String),
+    #[error("empty device list strategy")]
+    EmptyDeviceListStrategy,
+    #[error("device {0:?} is not a GPU index, an i:j MIG index or a GPU-/MIG- UUID")]
+    BadDeviceRef(String),
+    #[error("{0:?} is not a boolean")]
+    NotBoolean(String),
+    #[error("{given:?}: expected one of {expected}")]
+    NotOneOf {
+        given: String,
+        expected: &'static str,
+    },
+    #[error("{0:?} is not a whole number")]
+    NotWholeNumber(String),
+    #[error("must be at least 1 (1 = no sharing)")]
+    SplitCountZero,
+    #[error("{var}: {given:?} is not an XID number (or all/xids)")]
+    NotAnXid { var: &'static str, given: String },
+    /// A device plugin flag with a value it cannot take.
+    #[error("--{flag} {value:?}: {source}")]
+    Flag {
+        flag: String,
+        value: String,
+        #[source]
+        source: Box<ResourcesError>,
+    },
     #[error("device ID {id} (GPU {gpu}) is longer than {max} characters")]
     IdTooLong { id: String, gpu: u32, max: usize },
     // Allocate requests the kubelet sent.
@@ -87,6 +130,17 @@ pub enum ResourcesError {
     NoDevices,
     #[error("CDI kind {kind:?} is not vendor/class (e.g. {example} or nvidia.com/gpu)")]
     BadKind { kind: String, example: &'static str },
+    // What the CDI ldcache hook was given (`message` is serde_json's or the OS's).
+    #[error("the OCI state on stdin is not valid (want a JSON object with \"bundle\"): {message}")]
+    OciState { message: String },
+    #[error("the OCI state's bundle {0:?} is not absolute")]
+    BundleNotAbsolute(String),
+    #[error("reading {path}: {message}")]
+    ReadBundleConfig { path: String, message: String },
+    #[error("{path}: no root.path: {message}")]
+    BundleRootPath { path: String, message: String },
+    #[error("--folder {0:?} is not an absolute directory")]
+    NotAbsoluteFolder(String),
 }
 
 /// `file:line:column`, as far as known.

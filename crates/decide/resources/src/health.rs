@@ -3,6 +3,7 @@
 //! instance, or the whole GPU), and recovery once no XID recurred for a quiet period — NVIDIA's
 //! plugin never recovers without a restart.
 
+use crate::ResourcesError;
 use crate::model::Resource;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,19 +28,21 @@ impl HealthPolicy {
         disable: Option<&str>,
         enable: Option<&str>,
         quiet_period_ms: u64,
-    ) -> Result<HealthPolicy, String> {
+    ) -> Result<HealthPolicy, ResourcesError> {
         let mut policy = HealthPolicy {
             disabled: false,
             ignored: DEFAULT_IGNORED_XIDS.into_iter().collect(),
             quiet_period_ms,
         };
-        let list = |var: &str, text: &str| -> Result<Vec<u64>, String> {
+        let list = |var: &'static str, text: &str| -> Result<Vec<u64>, ResourcesError> {
             text.split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
                 .map(|s| {
-                    s.parse::<u64>()
-                        .map_err(|_| format!("{var}: {s:?} is not an XID number (or all/xids)"))
+                    s.parse::<u64>().map_err(|_| ResourcesError::NotAnXid {
+                        var,
+                        given: s.to_string(),
+                    })
                 })
                 .collect()
         };
@@ -211,6 +214,7 @@ mod tests {
         assert!(
             HealthPolicy::from_env(Some("x1"), None, 1)
                 .unwrap_err()
+                .to_string()
                 .contains("DP_DISABLE_HEALTHCHECKS")
         );
     }

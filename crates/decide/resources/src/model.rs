@@ -266,13 +266,14 @@ pub fn resources(inv: &Inventory, cfg: &Config) -> Result<Vec<Resource>, Resourc
     let mut targets: Vec<(String, Sharing)> = Vec::new();
     if let Some(section) = section {
         for (ei, entry) in section.resources.iter().enumerate() {
-            let name =
-                qualify_resource_name(&entry.name.value).map_err(ResourcesError::InvalidName)?;
+            let name = qualify_resource_name(&entry.name.value)
+                .map_err(|e| ResourcesError::InvalidName(Box::new(e)))?;
             let target = match &entry.rename {
-                Some(r) => qualify_resource_name(&r.value).map_err(ResourcesError::InvalidName)?,
+                Some(r) => qualify_resource_name(&r.value)
+                    .map_err(|e| ResourcesError::InvalidName(Box::new(e)))?,
                 None if section.rename_by_default => {
                     qualify_resource_name(&format!("{name}.shared"))
-                        .map_err(ResourcesError::InvalidName)?
+                        .map_err(|e| ResourcesError::InvalidName(Box::new(e)))?
                 }
                 None => name.clone(),
             };

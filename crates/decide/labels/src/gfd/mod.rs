@@ -46,11 +46,7 @@ fn put(out: &mut Labels, key: &str, value: impl ToString) {
 /// out. A node with no GPUs gets only `nvidia.com/gfd.timestamp` (when `ctx.timestamp` is set),
 /// as GFD writes. Errors where GFD fails to label at all: a driver version not `X.Y[.Z]`, a CUDA
 /// version not `X.Y`, MPS sharing while a GPU has MIG enabled.
-pub fn gfd_labels(
-    inv: &Inventory,
-    cfg: &Config,
-    ctx: &LabelContext,
-) -> Result<BTreeMap<String, String>, LabelError> {
+pub fn gfd_labels(inv: &Inventory, cfg: &Config, ctx: &LabelContext) -> Result<Labels, LabelError> {
     let mut out = Labels::new();
     if let Some(ts) = ctx.timestamp {
         put(&mut out, keys::TIMESTAMP, ts);
