@@ -148,38 +148,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::default());
     let probes = gpuops_serve::Probes::new();
     let listener = gpuops_serve::bind(cfg.metrics_address, "metrics", "--metrics-address")?;
-    {
-        let metrics = metrics.clone();
-        let probes = probes.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let result = gpuops_serve::serve(
-                listener,
-                probes,
-                gpuops_serve::Options::default(),
-                move |req| {
-                    let metrics = metrics.clone();
-                    async move {
-                        if req.uri().path() == "/metrics" {
-                            gpuops_serve::reply(
-                                http_ok(),
-                                "text/plain; version=0.0.4",
-                                metrics.render(),
-                            )
-                        } else {
-                            gpuops_serve::reply(http_not_found(), "text/plain", "not found\n")
-                        }
-                    }
-                },
-                shutdown,
-            )
-            .await;
-            if let Err(e) = result {
-                tracing::error!(error = %e, "metrics server stopped");
-            }
-        });
-    }
-
+    serve_metrics(listener, probes.clone(), metrics.clone(), shutdown.clone());
     let gpu_util = match &cfg.prometheus {
         Some(source) => {
             let feed = Arc::new(crate::prom::Feed::default());
@@ -194,55 +163,8 @@ pub async fn run(
         None => None,
     };
     let notify = Arc::new(Notify::new());
-    let md_ar = act::capi("MachineDeployment");
-    let machine_ar = act::capi("Machine");
-    let ctx = Ctx {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: act::MANAGER.into(),
-                instance: Some(cfg.identity.clone()),
-            },
-        ),
-        nodes: reflect(Api::<Node>::all(client.clone()), notify.clone()),
-        pods: reflect(Api::<Pod>::all(client.clone()), notify.clone()),
-        pdbs: reflect(
-            Api::<PodDisruptionBudget>::all(client.clone()),
-            notify.clone(),
-        ),
-        mds: reflect_dynamic(Api::all_with(client.clone(), &md_ar), md_ar, notify.clone()),
-        machines: reflect_dynamic(
-            Api::all_with(client.clone(), &machine_ar),
-            machine_ar,
-            notify.clone(),
-        ),
-        client: client.clone(),
-        metrics: metrics.clone(),
-        cfg: cfg.clone(),
-        gpu_util,
-        mig: cfg.mig.clone().map(crate::mig::Mig::new),
-    };
-
-    // Ready once every cache has its first list; a missing CRD keeps the controller unready
-    // (and says so in the log) instead of deciding on half a picture.
-    {
-        let (n, p, b, d, m) = (
-            ctx.nodes.clone(),
-            ctx.pods.clone(),
-            ctx.pdbs.clone(),
-            ctx.mds.clone(),
-            ctx.machines.clone(),
-        );
-        let probes = probes.clone();
-        tokio::spawn(async move {
-            let ok = n.wait_until_ready().await.is_ok()
-                && p.wait_until_ready().await.is_ok()
-                && b.wait_until_ready().await.is_ok()
-                && d.wait_until_ready().await.is_ok()
-                && m.wait_until_ready().await.is_ok();
-            probes.set_ready(ok);
-        });
-    }
+    let ctx = watch_all(&client, &cfg, gpu_util, &metrics, &notify);
+    spawn_readiness(&ctx, &probes);
 
     let mut leader = match &cfg.lease {
         Some(lease) => gpuops_kube::elect(client.clone(), lease).await?,
@@ -296,19 +218,12 @@ pub async fn run(
             }
             Err(e) => {
                 metrics.action_errors.fetch_add(1, Ordering::Relaxed);
-                // Exponential with jitter from the clock's sub-second digits: replicas and
-                // pools that fail together do not retry in lock-step.
-                let jitter = 0.8
-                    + 0.4
-                        * f64::from(
-                            SystemTime::now()
-                                .duration_since(UNIX_EPOCH)
-                                .map_or(0, |d| d.subsec_millis()),
-                        )
-                        / 1000.0;
-                backoff = (backoff.max(Duration::from_millis(500)) * 2)
-                    .min(Duration::from_secs(30))
-                    .mul_f64(jitter);
+                backoff = next_backoff(
+                    backoff,
+                    SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.subsec_millis()),
+                );
                 retry_at = Some(tokio::time::Instant::now() + backoff);
                 tracing::warn!(error = %e, retry_in = ?backoff, "autoscaler pass failed");
             }
@@ -316,6 +231,110 @@ pub async fn run(
     }
     probes.set_ready(false);
     Ok(())
+}
+
+/// The metrics endpoint and the probes, until `shutdown`.
+fn serve_metrics(
+    listener: gpuops_serve::Listener,
+    probes: Arc<gpuops_serve::Probes>,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        let result = gpuops_serve::serve(
+            listener,
+            probes,
+            gpuops_serve::Options::default(),
+            move |req| {
+                let metrics = metrics.clone();
+                async move {
+                    if req.uri().path() == "/metrics" {
+                        gpuops_serve::reply(
+                            http_ok(),
+                            "text/plain; version=0.0.4",
+                            metrics.render(),
+                        )
+                    } else {
+                        gpuops_serve::reply(http_not_found(), "text/plain", "not found\n")
+                    }
+                }
+            },
+            shutdown,
+        )
+        .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+}
+
+/// The watch caches of everything a pass reads, each waking the loop through `notify`.
+fn watch_all(
+    client: &kube::Client,
+    cfg: &ControllerConfig,
+    gpu_util: Option<Arc<crate::prom::Feed>>,
+    metrics: &Arc<Metrics>,
+    notify: &Arc<Notify>,
+) -> Ctx {
+    let md_ar = act::capi("MachineDeployment");
+    let machine_ar = act::capi("Machine");
+    Ctx {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: act::MANAGER.into(),
+                instance: Some(cfg.identity.clone()),
+            },
+        ),
+        nodes: reflect(Api::<Node>::all(client.clone()), notify.clone()),
+        pods: reflect(Api::<Pod>::all(client.clone()), notify.clone()),
+        pdbs: reflect(
+            Api::<PodDisruptionBudget>::all(client.clone()),
+            notify.clone(),
+        ),
+        mds: reflect_dynamic(Api::all_with(client.clone(), &md_ar), md_ar, notify.clone()),
+        machines: reflect_dynamic(
+            Api::all_with(client.clone(), &machine_ar),
+            machine_ar,
+            notify.clone(),
+        ),
+        client: client.clone(),
+        metrics: metrics.clone(),
+        cfg: cfg.clone(),
+        gpu_util,
+        mig: cfg.mig.clone().map(crate::mig::Mig::new),
+    }
+}
+
+/// Ready once every cache has its first list; a missing CRD keeps the controller unready
+/// (and says so in the log) instead of deciding on half a picture.
+fn spawn_readiness(ctx: &Ctx, probes: &Arc<gpuops_serve::Probes>) {
+    let (n, p, b, d, m) = (
+        ctx.nodes.clone(),
+        ctx.pods.clone(),
+        ctx.pdbs.clone(),
+        ctx.mds.clone(),
+        ctx.machines.clone(),
+    );
+    let probes = probes.clone();
+    tokio::spawn(async move {
+        let ok = n.wait_until_ready().await.is_ok()
+            && p.wait_until_ready().await.is_ok()
+            && b.wait_until_ready().await.is_ok()
+            && d.wait_until_ready().await.is_ok()
+            && m.wait_until_ready().await.is_ok();
+        probes.set_ready(ok);
+    });
+}
+
+/// The wait before retrying a failed pass: doubled, at least 1 s and at most 30 s, times a
+/// jitter from the clock's sub-second digits (`subsec_millis`), so that replicas and pools that
+/// fail together do not retry in lock-step.
+fn next_backoff(previous: Duration, subsec_millis: u32) -> Duration {
+    let jitter = 0.8 + 0.4 * f64::from(subsec_millis) / 1000.0;
+    (previous.max(Duration::from_millis(500)) * 2)
+        .min(Duration::from_secs(30))
+        .mul_f64(jitter)
 }
 
 fn http_ok() -> http::StatusCode {
@@ -654,6 +673,24 @@ pub async fn read_status(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_failed_pass_backs_off_doubling_to_30_s_with_jitter() {
+        assert_eq!(next_backoff(Duration::ZERO, 500), Duration::from_secs(1));
+        assert_eq!(
+            next_backoff(Duration::from_secs(4), 500),
+            Duration::from_secs(8)
+        );
+        assert_eq!(
+            next_backoff(Duration::from_secs(60), 500),
+            Duration::from_secs(30)
+        );
+        assert_eq!(next_backoff(Duration::ZERO, 0), Duration::from_millis(800));
+        assert_eq!(
+            next_backoff(Duration::ZERO, 999),
+            Duration::from_micros(1_199_600)
+        );
+    }
 
     #[test]
     fn cached_objects_lose_managed_fields_and_the_last_applied_copy_only() {
