@@ -14,6 +14,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Quantities, labels or devices by name, as a spec and a Node carry them.
+type StringMap = BTreeMap<String, String>;
+
 /// The startup taint gpuops's agent removes once every configured device is advertised.
 pub const STARTUP_TAINT: &str = "gpuops.io/gpu-not-ready";
 /// Node label naming the `GpuopsTestMachine` a Node was made for.
@@ -162,7 +165,7 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn string_map(spec: &Value, field: &str) -> Result<BTreeMap<String, String>, BedError> {
+fn string_map(spec: &Value, field: &str) -> Result<StringMap, BedError> {
     match spec.get(field) {
         None | Some(Value::Null) => Ok(BTreeMap::new()),
         Some(Value::Object(m)) => m
@@ -376,7 +379,7 @@ pub(crate) fn mig_devices(
     config: &str,
     gpus: u32,
     advertised: &BTreeMap<String, String>,
-) -> Result<BTreeMap<String, String>, BedError> {
+) -> Result<StringMap, BedError> {
     let all =
         gpuops_mig::config::parse(text, origin).map_err(|e| BedError::MigConfig(Box::new(e)))?;
     let cfg = all.get(config).map_err(|source| BedError::MigConfigName {
