@@ -146,7 +146,20 @@ pub(crate) fn step(st: &mut CaState, w: &mut World<'_>) -> Vec<Action> {
         return Vec::new();
     }
     let mut actions = Vec::new();
-    let mut scaled = false;
+    let buy = scale_up(w);
+    let scaled = buy.is_some();
+    if let Some(buy) = buy {
+        actions.push(buy);
+        st.last_scale_up = Some(now);
+    }
+    scale_down(st, w, scaled, &mut actions);
+    actions
+}
+
+/// Scale-up: the pending pods that nodes still provisioning will not take, and the one pool
+/// whose new nodes would take them with the least waste.
+fn scale_up(w: &World<'_>) -> Option<Action> {
+    let now = w.now;
     let mut pending = w.pending.clone();
     pending.sort_by_key(|&p| (w.pods[p].since, p));
     if !pending.is_empty() {
@@ -222,17 +235,20 @@ pub(crate) fn step(st: &mut CaState, w: &mut World<'_>) -> Vec<Action> {
             }
         }
         if let Some((_, _, pool, n)) = best {
-            actions.push(Action::Buy {
+            return Some(Action::Buy {
                 pool,
                 n,
                 layout: None,
             });
-            st.last_scale_up = Some(now);
-            scaled = true;
         }
     }
+    None
+}
 
-    // Scale-down: unneeded tracking every scan, removals outside the delay after a scale-up.
+/// Scale-down: unneeded tracking every scan, removals (into `actions`) only when this scan did
+/// not scale up and outside the delay after a scale-up.
+fn scale_down(st: &mut CaState, w: &World<'_>, scaled: bool, actions: &mut Vec<Action>) {
+    let now = w.now;
     let ready: Vec<usize> = (0..w.nodes.len())
         .filter(|&i| w.nodes[i].is_ready(now))
         .collect();
@@ -246,7 +262,7 @@ pub(crate) fn step(st: &mut CaState, w: &mut World<'_>) -> Vec<Action> {
     }
     let cooling = st.last_scale_up.is_some_and(|t| now < t + DELAY_AFTER_ADD);
     if scaled || cooling {
-        return actions;
+        return;
     }
     let mut cands: Vec<(Ms, usize)> = st
         .unneeded_since
@@ -295,7 +311,6 @@ pub(crate) fn step(st: &mut CaState, w: &mut World<'_>) -> Vec<Action> {
         st.unneeded_since.remove(&ni);
         actions.push(Action::Remove(ni));
     }
-    actions
 }
 
 /// Wake-ups so that the scans that matter happen: the next scan after any change, every scan

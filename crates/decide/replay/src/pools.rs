@@ -163,6 +163,57 @@ fn resolve_config(
     Ok(per_gpu)
 }
 
+/// The MIG layout of a pool with `mig-config`: every GPU of its model must get MIG devices.
+fn mig_layout(
+    file: &str,
+    name: &str,
+    p: &RawPool,
+    model: &str,
+) -> Result<Option<MigLayout>, ReplayError> {
+    let at = |s: &dyn Fn() -> u64, m: String| ReplayError::Pools {
+        file: file.to_string(),
+        line: s(),
+        message: format!("pool {name:?}: {m}"),
+    };
+    Ok(match &p.mig_config {
+        None => None,
+        Some(c) => {
+            let cl = c.referenced.line();
+            let cat = gpuops_autoscale::mig_demand::model_of(model)
+                .filter(|m| m.mig_capable())
+                .ok_or_else(|| {
+                    at(
+                        &|| p.model.referenced.line(),
+                        format!(
+                            "model {model:?} is not a MIG-capable GPU of the catalog, so mig-config cannot apply (MIG-capable: {})",
+                            gpuops_catalog::models()
+                                .iter()
+                                .filter(|m| m.mig_capable())
+                                .map(|m| m.key)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    )
+                })?;
+            let per = resolve_config(cat, &c.value, p.gpus.value)
+                .map_err(|e| at(&|| cl, format!("mig-config: {e}")))?;
+            if per.iter().any(Option::is_none) {
+                return Err(at(
+                    &|| cl,
+                    format!(
+                        "mig-config: {:?} leaves some GPU of {} without MIG; a MIG pool's config must enable MIG on every GPU",
+                        c.value, cat.key
+                    ),
+                ));
+            }
+            Some(MigLayout {
+                config: c.value.clone(),
+                per_gpu: per.into_iter().flatten().collect(),
+            })
+        }
+    })
+}
+
 /// Parses and validates a pools file. `file` names it in errors.
 ///
 /// # Errors
@@ -261,43 +312,7 @@ pub fn parse_pools(file: &str, text: &str) -> Result<PoolsFile, ReplayError> {
         if model.is_empty() {
             return Err(at(&|| p.model.referenced.line(), "model is empty".into()));
         }
-        let mig = match &p.mig_config {
-            None => None,
-            Some(c) => {
-                let cl = c.referenced.line();
-                let cat = gpuops_autoscale::mig_demand::model_of(&model)
-                    .filter(|m| m.mig_capable())
-                    .ok_or_else(|| {
-                        at(
-                            &|| p.model.referenced.line(),
-                            format!(
-                                "model {model:?} is not a MIG-capable GPU of the catalog, so mig-config cannot apply (MIG-capable: {})",
-                                gpuops_catalog::models()
-                                    .iter()
-                                    .filter(|m| m.mig_capable())
-                                    .map(|m| m.key)
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            ),
-                        )
-                    })?;
-                let per = resolve_config(cat, &c.value, p.gpus.value)
-                    .map_err(|e| at(&|| cl, format!("mig-config: {e}")))?;
-                if per.iter().any(Option::is_none) {
-                    return Err(at(
-                        &|| cl,
-                        format!(
-                            "mig-config: {:?} leaves some GPU of {} without MIG; a MIG pool's config must enable MIG on every GPU",
-                            c.value, cat.key
-                        ),
-                    ));
-                }
-                Some(MigLayout {
-                    config: c.value.clone(),
-                    per_gpu: per.into_iter().flatten().collect(),
-                })
-            }
-        };
+        let mig = mig_layout(file, &name, p, &model)?;
         pools.push(ReplayPool {
             name,
             model,
