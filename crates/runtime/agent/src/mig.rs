@@ -261,7 +261,7 @@ pub(crate) async fn run(
                             Retry::At(at) => {
                                 let wait = at - now;
                                 if category == Category::Hardware {
-                                    tracing::error!(config = %name, attempt = failures, "MIG config {name}: the GPUs or their driver refused the change; someone has to look at the node");
+                                    tracing::error!(config = %name, attempt = failures, error = %chain(&e), "MIG config {name}: the GPUs or their driver refused the change; someone has to look at the node");
                                 }
                                 tracing::warn!(config = %name, attempt = failures, retry_in = ?wait, "MIG config {name}: retrying in {wait:?} (attempt {failures} failed)");
                             }
