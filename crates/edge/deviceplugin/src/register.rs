@@ -2,9 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-/// First wait after a failed registration; doubles up to [`MAX_WAIT`].
-const FIRST_WAIT: Duration = Duration::from_millis(500);
-const MAX_WAIT: Duration = Duration::from_secs(30);
+/// 500 ms after a failed registration, doubling up to 30 s; exact (no jitter): each resource
+/// registers against its own kubelet socket, so there is no crowd to spread.
+const BACKOFF: gpuops_backoff::Policy =
+    gpuops_backoff::Policy::new(Duration::from_millis(500), Duration::from_secs(30));
 
 /// Backoff of one resource's registration, reset by a new kubelet socket or a success.
 #[derive(Debug, Clone, Default)]
@@ -32,8 +33,7 @@ impl RegistrationBackoff {
     /// (worth a log line).
     pub fn failed(&mut self, message: &str, now: Instant) -> (Duration, bool) {
         self.failures = self.failures.saturating_add(1);
-        let factor = 2u32.saturating_pow(self.failures.saturating_sub(1).min(16));
-        let wait = FIRST_WAIT.saturating_mul(factor).min(MAX_WAIT);
+        let wait = BACKOFF.delay(self.failures);
         self.next_at = Some(now + wait);
         let new = self.logged.as_deref() != Some(message);
         if new {

@@ -10,7 +10,6 @@
 use crate::mig::MigReport;
 use crate::startup::{MigWanted, Readiness, StartupTaint};
 use crate::state::NodeState;
-use backon::BackoffBuilder;
 use gpuops_kube::{KubeError, NodeWriter, TaintWanted, now_secs, rfc3339};
 use gpuops_labels::{GPU_HEALTH_ANNOTATION, HealthDecision, NodeCondition};
 use gpuops_resources::config::Config;
@@ -77,15 +76,12 @@ pub(crate) async fn run(
         heartbeat_at: None,
         startup_waiting: None,
     };
-    let backoff = || {
-        backon::ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(500))
-            .with_max_delay(resync.min(Duration::from_secs(60)))
-            .with_jitter()
-            .without_max_times()
-            .build()
-    };
-    let mut delays = backoff();
+    let mut delays = gpuops_backoff::Policy::new(
+        Duration::from_millis(500),
+        resync.min(Duration::from_secs(60)),
+    )
+    .jitter(1.0)
+    .start();
     let mut failing: Option<String> = None;
     let mut retry_at: Option<Instant> = None;
     let mut next_resync = Instant::now() + resync;
@@ -125,10 +121,10 @@ pub(crate) async fn run(
                     );
                 }
                 retry_at = None;
-                delays = backoff();
+                delays.reset();
             }
             Err(e) => {
-                let wait = delays.next().unwrap_or(resync);
+                let wait = delays.failed();
                 let message = e.to_string();
                 // A lasting failure is logged once; the retries are not.
                 if failing.as_deref() != Some(message.as_str()) {

@@ -7,7 +7,6 @@ use crate::changes::changes;
 use crate::error::AgentError;
 use crate::state::{NodeState, monotonic_ms};
 use crate::xid::{Report, describe_event};
-use backon::BackoffBuilder;
 use gpuops_inventory::Inventory;
 use gpuops_nvml::{GpuEvent, Gpus, Library, NvmlError, Scope};
 use gpuops_resources::health::HealthPolicy;
@@ -91,16 +90,11 @@ pub(crate) async fn run(
 ) -> Option<std::thread::JoinHandle<()>> {
     tokio::pin!(shutdown);
     let mut xid_thread = l.gpus.clone().and_then(|g| start_xids(&l, &g));
-    let open_backoff = || {
-        backon::ExponentialBuilder::default()
-            .with_min_delay(Duration::from_secs(1))
-            .with_max_delay(Duration::from_secs(300))
-            .with_jitter()
-            .without_max_times()
-            .build()
-    };
-    let mut open_delays = open_backoff();
-    let mut open_at = tokio::time::Instant::now() + open_delays.next().unwrap_or(l.interval);
+    let mut open_delays =
+        gpuops_backoff::Policy::new(Duration::from_secs(1), Duration::from_secs(300))
+            .jitter(1.0)
+            .start();
+    let mut open_at = tokio::time::Instant::now() + open_delays.failed();
     let mut opening: Option<Opening> = None;
     let mut open_error: Option<String> = None;
     let mut state: NodeState = (**state_tx.borrow()).clone();
@@ -155,7 +149,7 @@ pub(crate) async fn run(
                         ticker.reset_immediately();
                     }
                     Ok(Err(e)) => {
-                        let wait = open_delays.next().unwrap_or(Duration::from_secs(300));
+                        let wait = open_delays.failed();
                         let e = e.to_string();
                         if open_error.as_deref() != Some(e.as_str()) {
                             tracing::warn!(error = %e, retry_in = ?wait, "NVML still cannot be loaded: {e}; retrying with backoff");
@@ -165,7 +159,7 @@ pub(crate) async fn run(
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "loading NVML failed: {e}");
-                        open_at = tokio::time::Instant::now() + open_delays.next().unwrap_or(Duration::from_secs(300));
+                        open_at = tokio::time::Instant::now() + open_delays.failed();
                     }
                 }
             }

@@ -155,15 +155,12 @@ impl Loop {
     }
 }
 
+/// Twice `interval` after the first failure, doubling to 2 s, plus up to 5 % jitter: enough to
+/// keep two loops from retrying in lockstep.
 fn backoff(interval: Duration, failures: u32) -> Duration {
-    let base = interval.saturating_mul(2u32.saturating_pow(failures.min(8)));
-    let capped = base.min(Duration::from_secs(2));
-    // Jitter from the clock: enough to keep two loops from retrying in lockstep.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    capped + Duration::from_millis(u64::from(nanos % 100))
+    gpuops_backoff::Policy::new(interval.saturating_mul(2), Duration::from_secs(2))
+        .jitter(0.05)
+        .delay(failures)
 }
 
 impl Drop for Loop {
