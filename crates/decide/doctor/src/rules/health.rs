@@ -206,17 +206,32 @@ pub(super) fn check(c: &Cluster<'_>, _o: &Options) -> Vec<Finding> {
     out
 }
 
-fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
-    let mut evidence = Vec::new();
-    let mut severity: Option<Severity> = None;
-    let raise = |s: Severity, sev: &mut Option<Severity>| {
-        *sev = Some(sev.map_or(s, |cur| cur.min(s)));
-    };
-    let mut classes: Vec<XidClass> = Vec::new();
-    let mut lost = false;
-    let mut gpus: BTreeSet<String> = BTreeSet::new();
-    let mut app_only = true;
+/// What a node's annotation, condition, taint, metrics and capacity say about its GPUs' health.
+#[derive(Default)]
+struct Signs {
+    evidence: Vec<String>,
+    /// The worst seen, if any sign was.
+    severity: Option<Severity>,
+    classes: Vec<XidClass>,
+    lost: bool,
+    gpus: BTreeSet<String>,
+    /// Only application XIDs: the GPUs themselves are fine.
+    app_only: bool,
+}
 
+impl Signs {
+    fn raise(&mut self, s: Severity) {
+        self.severity = Some(self.severity.map_or(s, |cur| cur.min(s)));
+    }
+}
+
+/// The node's GPU health: gather the signs, then the one finding they add up to (and one for an
+/// annotation that cannot be read).
+fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
+    let mut s = Signs {
+        app_only: true,
+        ..Signs::default()
+    };
     let cond = n
         .node
         .status
@@ -228,8 +243,26 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
     let report = published(n);
     let mut out = Vec::new();
     if let Published::Invalid(why) = &report {
-        out.push(
-            Finding::new(
+        out.push(annotation_invalid(n, why));
+    }
+    from_report(&mut s, &report, cond);
+    if let Some(t) = n.taints.iter().find(|t| t.key == TAINT) {
+        s.evidence
+            .push(format!("taint {}", crate::fit::describe_taint(t)));
+    }
+    if let Some(h) = host {
+        from_host(&mut s, h);
+    }
+    from_capacity(&mut s, n);
+    if let Some(f) = health_finding(n, s, &report, cond) {
+        out.push(f);
+    }
+    out
+}
+
+/// The agent's health annotation that does not parse.
+fn annotation_invalid(n: &NodeView<'_>, why: &str) -> Finding {
+    Finding::new(
                 Severity::Warning,
                 Category::Health,
                 "gpu-health-annotation-invalid",
@@ -253,21 +286,27 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
                 "kubectl annotate node {} {}-",
                 n.name,
                 gpuops_labels::GPU_HEALTH_ANNOTATION
-            )),
-        );
-    }
+            ))
+}
+
+/// The agent's report when it has one, else the condition's prose.
+fn from_report(
+    s: &mut Signs,
+    report: &Published,
+    cond: Option<&k8s_openapi::api::core::v1::NodeCondition>,
+) {
     if let Published::Report(r) = &report
         && !r.problems.is_empty()
     {
         // The structured report names GPUs and XIDs; the condition is only shown.
         if let Some(cond) = cond.filter(|c| c.status == "False") {
-            evidence.push(format!(
+            s.evidence.push(format!(
                 "condition {CONDITION}=False {}: {}",
                 cond.reason.as_deref().unwrap_or(""),
                 cond.message.as_deref().unwrap_or("")
             ));
         }
-        evidence.push(format!(
+        s.evidence.push(format!(
             "{}: {}",
             gpuops_labels::GPU_HEALTH_ANNOTATION,
             r.problems
@@ -276,109 +315,130 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
                 .collect::<Vec<_>>()
                 .join("; ")
         ));
-        raise(Severity::Critical, &mut severity);
-        app_only = false;
+        s.raise(Severity::Critical);
+        s.app_only = false;
         for p in &r.problems {
             if let Some(i) = p.gpu_index {
-                gpus.insert(i.to_string());
+                s.gpus.insert(i.to_string());
             }
             match &p.kind {
-                gpuops_labels::ProblemKind::Xid { xid: x } => classes.push(xid::describe(*x).class),
+                gpuops_labels::ProblemKind::Xid { xid: x } => {
+                    s.classes.push(xid::describe(*x).class)
+                }
                 gpuops_labels::ProblemKind::Lost
                 | gpuops_labels::ProblemKind::Unreachable { .. } => {
-                    lost = true;
+                    s.lost = true;
                 }
             }
         }
     } else if matches!(report, Published::Report(_)) {
         // The agent says no GPU is unhealthy: a False condition is then stale or someone else's.
         if let Some(cond) = cond.filter(|c| c.status == "False") {
-            evidence.push(format!(
+            s.evidence.push(format!(
                 "condition {CONDITION}=False {}: {} (but {} lists no problem)",
                 cond.reason.as_deref().unwrap_or(""),
                 cond.message.as_deref().unwrap_or(""),
                 gpuops_labels::GPU_HEALTH_ANNOTATION
             ));
-            raise(Severity::Warning, &mut severity);
-            app_only = false;
+            s.raise(Severity::Warning);
+            s.app_only = false;
         }
     } else if let Some(cond) = cond.filter(|c| c.status == "False") {
         // No (readable) annotation: an older agent; read the condition's prose.
         let reason = cond.reason.as_deref().unwrap_or("");
         let msg = cond.message.as_deref().unwrap_or("");
-        evidence.push(format!("condition {CONDITION}=False {reason}: {msg}"));
-        raise(Severity::Critical, &mut severity);
-        app_only = false;
-        lost |= reason == "GPULost" || msg.contains("lost") || msg.contains("fell off the bus");
+        s.evidence
+            .push(format!("condition {CONDITION}=False {reason}: {msg}"));
+        s.raise(Severity::Critical);
+        s.app_only = false;
+        s.lost |= reason == "GPULost" || msg.contains("lost") || msg.contains("fell off the bus");
         for x in xids_in(msg) {
-            classes.push(xid::describe(x).class);
+            s.classes.push(xid::describe(x).class);
         }
-        gpus.extend(gpus_in(msg));
+        s.gpus.extend(gpus_in(msg));
     }
-    if let Some(t) = n.taints.iter().find(|t| t.key == TAINT) {
-        evidence.push(format!("taint {}", crate::fit::describe_taint(t)));
-    }
-    if let Some(h) = host {
-        for ((gpu, uuid, code), (count, pods)) in &h.xids {
-            let info = xid::describe(*code);
-            let on = if pods.is_empty() {
-                String::new()
+}
+
+/// The node's XIDs and health metrics.
+fn from_host(s: &mut Signs, h: &Host) {
+    for ((gpu, uuid, code), (count, pods)) in &h.xids {
+        let info = xid::describe(*code);
+        let on = if pods.is_empty() {
+            String::new()
+        } else {
+            format!(" (pods: {})", crate::cluster::list_some(pods, 4))
+        };
+        s.evidence.push(format!(
+            "XID {code} x{count} on GPU {gpu} {uuid}: {}; action: {}{on}",
+            info.meaning, info.action
+        ));
+        s.classes.push(info.class);
+        if info.class == XidClass::Application {
+            s.raise(Severity::Info);
+        } else {
+            s.app_only = false;
+            s.gpus.insert(gpu.clone());
+            let sev = if xid::is_fatal(*code) && !h.unhealthy.is_empty() {
+                Severity::Critical
             } else {
-                format!(" (pods: {})", crate::cluster::list_some(pods, 4))
+                Severity::Warning
             };
-            evidence.push(format!(
-                "XID {code} x{count} on GPU {gpu} {uuid}: {}; action: {}{on}",
-                info.meaning, info.action
-            ));
-            classes.push(info.class);
-            if info.class == XidClass::Application {
-                raise(Severity::Info, &mut severity);
-            } else {
-                app_only = false;
-                gpus.insert(gpu.clone());
-                let s = if xid::is_fatal(*code) && !h.unhealthy.is_empty() {
-                    Severity::Critical
-                } else {
-                    Severity::Warning
-                };
-                raise(s, &mut severity);
-            }
-        }
-        if !h.unhealthy.is_empty() {
-            evidence.push(format!(
-                "gpuops_device_healthy=0: {}",
-                crate::cluster::list_some(&h.unhealthy, 8)
-            ));
-            raise(Severity::Critical, &mut severity);
-            app_only = false;
-        }
-        if let (Some(all), Some(ok)) = (h.gpus, h.healthy)
-            && ok < all
-        {
-            evidence.push(format!(
-                "gpuops_node_gpus_healthy {ok} < gpuops_node_gpus {all}"
-            ));
-            raise(Severity::Critical, &mut severity);
-            app_only = false;
-            if h.xids.is_empty() && h.unhealthy.is_empty() {
-                lost = true;
-            }
+            s.raise(sev);
         }
     }
+    if !h.unhealthy.is_empty() {
+        s.evidence.push(format!(
+            "gpuops_device_healthy=0: {}",
+            crate::cluster::list_some(&h.unhealthy, 8)
+        ));
+        s.raise(Severity::Critical);
+        s.app_only = false;
+    }
+    if let (Some(all), Some(ok)) = (h.gpus, h.healthy)
+        && ok < all
+    {
+        s.evidence.push(format!(
+            "gpuops_node_gpus_healthy {ok} < gpuops_node_gpus {all}"
+        ));
+        s.raise(Severity::Critical);
+        s.app_only = false;
+        if h.xids.is_empty() && h.unhealthy.is_empty() {
+            s.lost = true;
+        }
+    }
+}
+
+/// Devices the device plugin withholds: capacity above allocatable.
+fn from_capacity(s: &mut Signs, n: &NodeView<'_>) {
     for (r, cap) in &n.capacity {
         let alloc = n.allocatable_of(r);
         if alloc > 0 && alloc < *cap {
-            evidence.push(format!(
+            s.evidence.push(format!(
                 "{r}: capacity {cap}, allocatable {alloc}: the device plugin withholds {} unhealthy device(s)",
                 cap - alloc
             ));
-            raise(Severity::Warning, &mut severity);
-            app_only = false;
+            s.raise(Severity::Warning);
+            s.app_only = false;
         }
     }
-    let Some(severity) = severity else {
-        return out;
-    };
+}
+
+/// The one finding the signs add up to, if any sign was seen.
+fn health_finding(
+    n: &NodeView<'_>,
+    s: Signs,
+    report: &Published,
+    cond: Option<&k8s_openapi::api::core::v1::NodeCondition>,
+) -> Option<Finding> {
+    let Signs {
+        evidence,
+        severity,
+        classes,
+        lost,
+        gpus,
+        app_only,
+    } = s;
+    let severity = severity?;
     let worst = classes
         .iter()
         .copied()
@@ -401,7 +461,7 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
             format!("Node {}: a GPU fell off the bus or is lost", n.name),
         )
     } else if cond.is_some_and(|c| c.status == "False")
-        || matches!(&report, Published::Report(r) if !r.problems.is_empty())
+        || matches!(report, Published::Report(r) if !r.problems.is_empty())
         || classes.iter().any(|c| class_rank(*c) >= 4)
     {
         (
@@ -429,8 +489,7 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
     for cmd in health_commands(worst, n, lost, code) {
         f = f.command(cmd);
     }
-    out.push(f);
-    out
+    Some(f)
 }
 
 /// The complete commands [`fix_for`] / [`withheld_fix`] name (nvidia-smi runs on the node, so

@@ -72,6 +72,72 @@ pub(super) fn profile_for_memory(model: &GpuModel, mib: u64) -> Option<&'static 
         .min_by_key(|p| (p.memory_slices, p.compute_slices, p.memory_mib, p.name))
 }
 
+/// A MIG-capable model of the fleet: its geometry and how many GPUs (`None`: unlimited).
+type MigOffer = (&'static GpuModel, &'static MigGeometry, Option<u32>);
+
+/// Per MIG model, the device kind (name, GI profile) a demand item maps to there, `None` where
+/// the model cannot serve it.
+type Signature = Vec<Option<(String, &'static GiProfile)>>;
+
+/// Demand item `index` mapped onto each MIG model; an error naming what is offered when no
+/// model can serve it.
+fn signature(index: usize, item: &DemandItem, mig: &[MigOffer]) -> Result<Signature, MigError> {
+    let sig: Signature = match item {
+        DemandItem::Profile { profile, .. } => {
+            let name: ProfileName =
+                profile
+                    .parse()
+                    .map_err(
+                        |e: gpuops_catalog::ProfileNameError| MigError::BadDemandItem {
+                            index,
+                            item: item.to_string(),
+                            reason: format!("invalid MIG profile name: {}", e.kind),
+                        },
+                    )?;
+            let canonical = name.to_string();
+            let gi_name = name.gi_name();
+            mig.iter()
+                .map(|(m, _, _)| m.gi_profile(&gi_name).map(|g| (canonical.clone(), g)))
+                .collect()
+        }
+        DemandItem::Memory { mib, .. } => mig
+            .iter()
+            .map(|(m, _, _)| profile_for_memory(m, *mib).map(|g| (g.name.to_string(), g)))
+            .collect(),
+    };
+    if sig.iter().all(Option::is_none) {
+        return Err(match item {
+            DemandItem::Profile { profile, .. } => MigError::UnknownProfile {
+                index,
+                item: item.to_string(),
+                profile: profile.clone(),
+                offered: mig
+                    .iter()
+                    .map(|(m, g, _)| {
+                        let names: Vec<&str> = g.gi_profiles.iter().map(|p| p.name).collect();
+                        format!("{}: {}", m.key, names.join(", "))
+                    })
+                    .collect(),
+            },
+            DemandItem::Memory { mib, .. } => MigError::MemoryTooLarge {
+                index,
+                item: item.to_string(),
+                mib: *mib,
+                largest: mig
+                    .iter()
+                    .filter_map(|(m, g, _)| {
+                        g.gi_profiles
+                            .iter()
+                            .max_by_key(|p| p.memory_mib)
+                            .map(|p| format!("{}: {} ({} MiB)", m.key, p.name, p.memory_mib))
+                    })
+                    .collect(),
+            },
+        });
+    }
+    Ok(sig)
+}
+
 impl Problem {
     pub(super) fn build(demand: &Demand, fleet: &[FleetOffer]) -> Result<Problem, MigError> {
         // Merge repeated models; `None` (unlimited) wins.
@@ -86,7 +152,7 @@ impl Problem {
                 offers.push((o.model, o.available));
             }
         }
-        let mig: Vec<(&'static GpuModel, &'static MigGeometry, Option<u32>)> = offers
+        let mig: Vec<MigOffer> = offers
             .iter()
             .filter_map(|&(m, a)| m.mig.as_ref().map(|g| (m, g, a)))
             .collect();
@@ -102,62 +168,9 @@ impl Problem {
         }
 
         // Map each item on each model to a device kind (name, GI profile).
-        let mut signatures: Vec<Vec<Option<(String, &'static GiProfile)>>> = Vec::new();
+        let mut signatures: Vec<Signature> = Vec::new();
         for (index, item) in demand.items.iter().enumerate() {
-            let sig: Vec<Option<(String, &'static GiProfile)>> = match item {
-                DemandItem::Profile { profile, .. } => {
-                    let name: ProfileName =
-                        profile
-                            .parse()
-                            .map_err(|e: gpuops_catalog::ProfileNameError| {
-                                MigError::BadDemandItem {
-                                    index,
-                                    item: item.to_string(),
-                                    reason: format!("invalid MIG profile name: {}", e.kind),
-                                }
-                            })?;
-                    let canonical = name.to_string();
-                    let gi_name = name.gi_name();
-                    mig.iter()
-                        .map(|(m, _, _)| m.gi_profile(&gi_name).map(|g| (canonical.clone(), g)))
-                        .collect()
-                }
-                DemandItem::Memory { mib, .. } => mig
-                    .iter()
-                    .map(|(m, _, _)| profile_for_memory(m, *mib).map(|g| (g.name.to_string(), g)))
-                    .collect(),
-            };
-            if sig.iter().all(Option::is_none) {
-                return Err(match item {
-                    DemandItem::Profile { profile, .. } => MigError::UnknownProfile {
-                        index,
-                        item: item.to_string(),
-                        profile: profile.clone(),
-                        offered: mig
-                            .iter()
-                            .map(|(m, g, _)| {
-                                let names: Vec<&str> =
-                                    g.gi_profiles.iter().map(|p| p.name).collect();
-                                format!("{}: {}", m.key, names.join(", "))
-                            })
-                            .collect(),
-                    },
-                    DemandItem::Memory { mib, .. } => MigError::MemoryTooLarge {
-                        index,
-                        item: item.to_string(),
-                        mib: *mib,
-                        largest: mig
-                            .iter()
-                            .filter_map(|(m, g, _)| {
-                                g.gi_profiles.iter().max_by_key(|p| p.memory_mib).map(|p| {
-                                    format!("{}: {} ({} MiB)", m.key, p.name, p.memory_mib)
-                                })
-                            })
-                            .collect(),
-                    },
-                });
-            }
-            signatures.push(sig);
+            signatures.push(signature(index, item, &mig)?);
         }
 
         // Classes: items with identical mappings.
