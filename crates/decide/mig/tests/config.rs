@@ -270,6 +270,7 @@ fn err_at(text: &str, origin: &str) -> String {
     }
 }
 
+// Long: a table of broken configs, each with the exact message (file:line:column) it must give.
 #[test]
 fn every_error_names_file_line_column_and_config() {
     let entry =

@@ -197,6 +197,7 @@ fn could_serve(n: &NodeView<'_>, p: &PodView<'_>) -> bool {
             && p.gpus.keys().all(|r| r == GPU))
 }
 
+// Long: an ordered ladder of reasons (1-6, first match wins), kept together to read in order.
 fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
     let c = x.c;
     let gpu_nodes = x.gpu_nodes;

@@ -255,6 +255,7 @@ fn strategy_none_eight_whole_h100s() {
     assert!(got.keys().all(|k| crate::owned_label_key(k)));
 }
 
+// Long: a table of NVIDIA's label sets, one case per MIG strategy, layout and sharing config.
 #[test]
 fn label_sets_match_nvidia() {
     let seven = ["1g.10gb"; 7];
