@@ -9,6 +9,7 @@ mod client;
 mod error;
 mod lease;
 mod node;
+pub mod runtime;
 mod time;
 mod watch;
 
