@@ -9,18 +9,19 @@ use crate::status::{self, Status};
 use futures::StreamExt;
 use gpuops_autoscale::snapshot::{self, Objects};
 use gpuops_autoscale::{Decision, Event as AEvent, State, Target};
+use gpuops_kube::runtime::Action;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
 /// How the controller runs.
@@ -49,76 +50,23 @@ pub struct ControllerConfig {
 /// Events published at once per pass.
 const EVENTS_IN_PARALLEL: usize = 16;
 
-/// Drops what the decision never reads before an object enters a cache: managedFields and
-/// kubectl's last-applied copy are often half of an object's size.
-fn slim<K: kube::Resource>(o: &mut K) {
-    let meta = o.meta_mut();
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
-/// Starts a reflector for `api` that wakes `notify` on every change.
-fn reflect<K>(api: Api<K>, notify: Arc<Notify>) -> Store<K>
+/// Starts the shared watch cache of `api` (see [`gpuops_kube::runtime::reflect`]), waking the
+/// loop through `notify` on every change.
+fn reflect<K>(
+    api: Api<K>,
+    dyntype: K::DynamicType,
+    what: &'static str,
+    notify: &Arc<Notify>,
+) -> Store<K>
 where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync,
+    K: 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(slim),
-    )
-    .touched_objects();
-    tokio::spawn(async move {
-        stream
-            .for_each(|event| {
-                if let Err(e) = event {
-                    tracing::warn!(error = %e, "watch failed; retrying with backoff");
-                }
-                notify.notify_one();
-                futures::future::ready(())
-            })
-            .await;
-    });
-    store
-}
-
-fn reflect_dynamic(
-    api: Api<DynamicObject>,
-    ar: kube::api::ApiResource,
-    notify: Arc<Notify>,
-) -> Store<DynamicObject> {
-    let writer = reflector::store::Writer::new(ar);
-    let store = writer.as_reader();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(slim),
-    )
-    .touched_objects();
-    tokio::spawn(async move {
-        stream
-            .for_each(|event| {
-                if let Err(e) = event {
-                    tracing::warn!(error = %e, "watch of Cluster API objects failed; retrying with backoff");
-                }
-                notify.notify_one();
-                futures::future::ready(())
-            })
-            .await;
-    });
-    store
+    let notify = Arc::clone(notify);
+    gpuops_kube::runtime::reflect(api, dyntype, watcher::Config::default(), what, move || {
+        notify.notify_one();
+    })
 }
 
 struct Ctx {
@@ -174,7 +122,8 @@ pub async fn run(
     let mut clock = crate::clock::Clock::default();
     let mut seen: HashMap<String, u64> = HashMap::new();
     let mut previous: Option<Status> = None;
-    let mut backoff = Duration::ZERO;
+    // Failed passes in a row, for the error policy's backoff.
+    let mut failures: u32 = 0;
     // After a failed pass nothing runs before this, whatever wakes the loop: with the apiserver
     // gone every watcher's retry is a wake-up, and passes on each would hammer it when it returns.
     let mut retry_at: Option<tokio::time::Instant> = None;
@@ -207,25 +156,28 @@ pub async fn run(
             continue;
         }
         retry_at = None;
-        match pass(&ctx, &mut state, &mut clock, &mut seen, previous.as_ref()).await {
-            Ok((s, closes_in)) => {
+        // A pass awaits the API server; shutdown must not wait for it. A stopped pass is
+        // half-done the same way a failed one is, and the next leader's pass starts over.
+        let outcome = gpuops_kube::runtime::until_stopped(
+            pass(&ctx, &mut state, &mut clock, &mut seen, previous.as_ref()),
+            &shutdown,
+        )
+        .await;
+        match outcome {
+            None => break,
+            Some(Ok((s, closes_in))) => {
                 previous = Some(s);
                 // A few milliseconds past the close: the window is open while strictly younger.
                 batch_closes = closes_in.map(|d| {
                     tokio::time::Instant::now() + d + Duration::from_millis(BATCH_CLOSE_MARGIN_MS)
                 });
-                backoff = Duration::ZERO;
+                failures = 0;
             }
-            Err(e) => {
-                metrics.action_errors.fetch_add(1, Ordering::Relaxed);
-                backoff = next_backoff(
-                    backoff,
-                    SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| d.subsec_millis()),
-                );
-                retry_at = Some(tokio::time::Instant::now() + backoff);
-                tracing::warn!(error = %e, retry_in = ?backoff, "autoscaler pass failed");
+            Some(Err(e)) => {
+                failures = failures.saturating_add(1);
+                if let Some(wait) = error_policy(&e, failures, &metrics).requeue_after() {
+                    retry_at = Some(tokio::time::Instant::now() + wait);
+                }
             }
         }
     }
@@ -286,17 +238,25 @@ fn watch_all(
                 instance: Some(cfg.identity.clone()),
             },
         ),
-        nodes: reflect(Api::<Node>::all(client.clone()), notify.clone()),
-        pods: reflect(Api::<Pod>::all(client.clone()), notify.clone()),
+        nodes: reflect(Api::<Node>::all(client.clone()), (), "nodes", notify),
+        pods: reflect(Api::<Pod>::all(client.clone()), (), "pods", notify),
         pdbs: reflect(
             Api::<PodDisruptionBudget>::all(client.clone()),
-            notify.clone(),
+            (),
+            "PodDisruptionBudgets",
+            notify,
         ),
-        mds: reflect_dynamic(Api::all_with(client.clone(), &md_ar), md_ar, notify.clone()),
-        machines: reflect_dynamic(
+        mds: reflect(
+            Api::all_with(client.clone(), &md_ar),
+            md_ar,
+            "Cluster API MachineDeployments",
+            notify,
+        ),
+        machines: reflect(
             Api::all_with(client.clone(), &machine_ar),
             machine_ar,
-            notify.clone(),
+            "Cluster API Machines",
+            notify,
         ),
         client: client.clone(),
         metrics: metrics.clone(),
@@ -327,14 +287,18 @@ fn spawn_readiness(ctx: &Ctx, probes: &Arc<gpuops_serve::Probes>) {
     });
 }
 
-/// The wait before retrying a failed pass: doubled, at least 1 s and at most 30 s, times a
-/// jitter from the clock's sub-second digits (`subsec_millis`), so that replicas and pools that
-/// fail together do not retry in lock-step.
-fn next_backoff(previous: Duration, subsec_millis: u32) -> Duration {
-    let jitter = 0.8 + 0.4 * f64::from(subsec_millis) / 1000.0;
-    (previous.max(Duration::from_millis(500)) * 2)
-        .min(Duration::from_secs(30))
-        .mul_f64(jitter)
+/// The wait before retrying a failed pass: 1 s, doubling to 30 s, each up to a fifth longer at
+/// random, so that replicas and pools that fail together do not retry in lock-step.
+const PASS_BACKOFF: gpuops_backoff::Policy =
+    gpuops_backoff::Policy::new(Duration::from_secs(1), Duration::from_secs(30)).jitter(0.2);
+
+/// What a failed pass does, the `failures`-th in a row: counted in `action_errors`, logged, and
+/// retried after [`PASS_BACKOFF`]'s wait for that many failures.
+fn error_policy(e: &ControllerError, failures: u32, metrics: &Metrics) -> Action {
+    metrics.action_errors.fetch_add(1, Ordering::Relaxed);
+    let action = gpuops_kube::runtime::backoff_action(&PASS_BACKOFF, failures);
+    tracing::warn!(error = %e, failures, retry_in = ?action.requeue_after(), "autoscaler pass failed");
+    action
 }
 
 fn http_ok() -> http::StatusCode {
@@ -676,20 +640,38 @@ mod tests {
 
     #[test]
     fn a_failed_pass_backs_off_doubling_to_30_s_with_jitter() {
-        assert_eq!(next_backoff(Duration::ZERO, 500), Duration::from_secs(1));
+        assert_eq!(PASS_BACKOFF.base(1), Duration::from_secs(1));
+        assert_eq!(PASS_BACKOFF.base(4), Duration::from_secs(8));
+        assert_eq!(PASS_BACKOFF.base(7), Duration::from_secs(30));
+        assert_eq!(PASS_BACKOFF.base(u32::MAX), Duration::from_secs(30));
         assert_eq!(
-            next_backoff(Duration::from_secs(4), 500),
-            Duration::from_secs(8)
+            PASS_BACKOFF.jittered(Duration::from_secs(1), 0.0),
+            Duration::from_secs(1)
         );
         assert_eq!(
-            next_backoff(Duration::from_secs(60), 500),
-            Duration::from_secs(30)
-        );
-        assert_eq!(next_backoff(Duration::ZERO, 0), Duration::from_millis(800));
-        assert_eq!(
-            next_backoff(Duration::ZERO, 999),
+            PASS_BACKOFF.jittered(Duration::from_secs(1), 0.998),
             Duration::from_micros(1_199_600)
         );
+    }
+
+    #[test]
+    fn the_error_policy_counts_the_failure_and_backs_off_by_failures_in_a_row() {
+        let metrics = Metrics::default();
+        let e = ControllerError::Status {
+            name: "gpuops-status".into(),
+            message: "conflict".into(),
+        };
+        for (failures, base) in [(1, 1), (2, 2), (4, 8), (6, 30), (50, 30)] {
+            let base = Duration::from_secs(base);
+            let wait = error_policy(&e, failures, &metrics)
+                .requeue_after()
+                .unwrap();
+            assert!(
+                wait >= base && wait <= base.mul_f64(1.2),
+                "{failures} failures: {wait:?}"
+            );
+        }
+        assert_eq!(metrics.action_errors.load(Ordering::Relaxed), 5);
     }
 
     #[test]
@@ -700,7 +682,7 @@ mod tests {
                 "gpuops.io/do-not-disrupt": "true"},
                 "managedFields": [{"manager": "kubectl", "operation": "Apply"}]}}))
         .unwrap();
-        slim(&mut pod);
+        gpuops_kube::runtime::slim(&mut pod);
         assert!(pod.metadata.managed_fields.is_none());
         let a = pod.metadata.annotations.unwrap();
         assert_eq!(a.len(), 1);
