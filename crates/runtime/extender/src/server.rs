@@ -2,14 +2,14 @@
 
 use crate::ExtenderError;
 use crate::protocol::{self, Engine, ExtenderArgs, FilterResult};
-use futures::StreamExt;
+use gpuops_kube::runtime::{reflect, until_stopped};
 use gpuops_serve::bytes::Bytes;
 use gpuops_serve::http_body_util::{BodyExt, Full, Limited};
 use gpuops_serve::hyper::{self, Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,36 +36,21 @@ pub struct Served {
 
 /// Starts watching nodes and unfinished pods; the watches retry with backoff for ever.
 pub fn watch(client: kube::Client) -> View {
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    let node_api: Api<Node> = Api::all(client.clone());
-    let pod_api: Api<Pod> = Api::all(client);
-    tokio::spawn(async move {
-        let stream = reflector::reflector(
-            node_writer,
-            watcher(node_api, watcher::Config::default()).default_backoff(),
-        )
-        .applied_objects();
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                tracing::warn!("watching nodes: {e}");
-            }
-        }
-    });
-    tokio::spawn(async move {
-        // Finished pods hold no GPU: leave them out of the cache.
-        let config =
-            watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-        let stream = reflector::reflector(pod_writer, watcher(pod_api, config).default_backoff())
-            .applied_objects();
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                tracing::warn!("watching pods: {e}");
-            }
-        }
-    });
+    let nodes = reflect(
+        Api::<Node>::all(client.clone()),
+        (),
+        watcher::Config::default(),
+        "nodes",
+        || {},
+    );
+    // Finished pods hold no GPU: leave them out of the cache.
+    let pods = reflect(
+        Api::<Pod>::all(client),
+        (),
+        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
+        "pods",
+        || {},
+    );
     View { nodes, pods }
 }
 
@@ -97,16 +82,20 @@ pub async fn serve(
 ) -> Result<(), ExtenderError> {
     let probes = gpuops_serve::Probes::new();
     {
-        let (served, probes) = (Arc::clone(&served), Arc::clone(&probes));
+        let (served, probes, stop) = (Arc::clone(&served), Arc::clone(&probes), shutdown.clone());
         tokio::spawn(async move {
-            if served.view.nodes.wait_until_ready().await.is_ok()
-                && served.view.pods.wait_until_ready().await.is_ok()
-            {
+            let ready = async {
+                served.view.nodes.wait_until_ready().await.is_ok()
+                    && served.view.pods.wait_until_ready().await.is_ok()
+            };
+            // Waiting on the first lists ends with shutdown: never ready then.
+            if until_stopped(ready, &stop).await == Some(true) {
                 probes.set_ready(true);
             }
         });
     }
     let handler_probes = Arc::clone(&probes);
+    let handler_stop = shutdown.clone();
     gpuops_serve::serve(
         listener,
         probes,
@@ -114,7 +103,8 @@ pub async fn serve(
         move |req| {
             let served = Arc::clone(&served);
             let probes = Arc::clone(&handler_probes);
-            async move { respond(&served, &probes, req).await }
+            let stop = handler_stop.clone();
+            async move { respond(&served, &probes, &stop, req).await }
         },
         shutdown,
     )
@@ -132,6 +122,7 @@ fn verb(path: &str) -> &str {
 async fn respond(
     served: &Served,
     probes: &gpuops_serve::Probes,
+    stop: &watch::Receiver<bool>,
     req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
@@ -169,7 +160,10 @@ async fn respond(
             );
         }
     };
-    let synced = served.view.synced().await;
+    // Shutting down: answer at once as not synced instead of holding the exit up to SYNC_WAIT.
+    let synced = until_stopped(served.view.synced(), stop)
+        .await
+        .unwrap_or(false);
     let nodes = served.view.nodes.state();
     let pods = served.view.pods.state();
     let nodes: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
