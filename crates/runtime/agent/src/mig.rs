@@ -164,10 +164,10 @@ impl Retry {
     }
 }
 
-/// Backoff after `failures` failed attempts in a row: doubling from `min`, capped at `max`.
+/// Backoff after `failures` failed attempts in a row: doubling from `min`, capped at `max`
+/// (gpuops-backoff's policy, without jitter: one agent per node, nothing retries in lock-step).
 fn backoff(failures: u32, min: Duration, max: Duration) -> Duration {
-    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
-    min.saturating_mul(factor).min(max)
+    gpuops_backoff::Policy::new(min, max).base(failures)
 }
 
 /// The flow's loop. `busy` is true while the device plugin must advertise nothing.
