@@ -35,9 +35,27 @@ pub enum AgentError {
     Resources(#[from] gpuops_resources::ResourcesError),
 
     // Settings that cannot work, named by their flag.
-    /// `--startup-taint`; the text is the taint parser's.
-    #[error("--startup-taint {0}")]
-    StartupTaint(String),
+    // `--startup-taint`; `text` is the flag's value.
+    #[error(
+        "--startup-taint {text:?} has no effect: write KEY[=VALUE]:EFFECT, e.g. {:?}",
+        crate::startup::DEFAULT_STARTUP_TAINT
+    )]
+    StartupTaintNoEffect { text: String },
+    #[error(
+        "--startup-taint {text:?}: the effect {effect:?} is not one of {}",
+        crate::startup::EFFECTS.join(", ")
+    )]
+    StartupTaintEffect { text: String, effect: String },
+    #[error("--startup-taint {text:?}: the key {key:?} {why}")]
+    StartupTaintKey {
+        text: String,
+        key: String,
+        why: &'static str,
+    },
+    #[error(
+        "--startup-taint {text:?}: the value {value:?} must be at most 63 letters, digits, '-', '_' or '.'"
+    )]
+    StartupTaintValue { text: String, value: String },
     /// Flags that only work together.
     #[error("{0}")]
     Flags(&'static str),
@@ -184,7 +202,10 @@ impl AgentError {
             | ReadNamedConfig { .. }
             | ReadConfigFile { .. }
             | Resources(_)
-            | StartupTaint(_)
+            | StartupTaintNoEffect { .. }
+            | StartupTaintEffect { .. }
+            | StartupTaintKey { .. }
+            | StartupTaintValue { .. }
             | Flags(_)
             | ConfigMapFlag(_)
             | NvmlRequired(_)

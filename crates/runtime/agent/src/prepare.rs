@@ -68,7 +68,7 @@ pub fn kube_config(
     gpus: &GpuOrigin,
     pod_socket: Option<PathBuf>,
 ) -> Result<Option<KubeConfig>, AgentError> {
-    let startup = StartupTaint::parse(&s.startup_taint).map_err(AgentError::StartupTaint)?;
+    let startup = StartupTaint::parse(&s.startup_taint)?;
     if !s.kubernetes {
         if s.mig_config_file.is_some() || s.taint_unhealthy || s.nfd_features_file.is_some() {
             return Err(AgentError::Flags(

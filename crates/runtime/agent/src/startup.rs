@@ -22,38 +22,41 @@ pub struct StartupTaint {
 /// What the Kubernetes docs and Cluster Autoscaler expect a startup taint to look like.
 pub const DEFAULT_STARTUP_TAINT: &str = "gpuops.io/gpu-not-ready:NoSchedule";
 
-const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+pub(crate) const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
 
 impl StartupTaint {
     /// Parses `KEY[=VALUE]:EFFECT`; the empty string means no startup taint.
-    pub fn parse(text: &str) -> Result<Option<StartupTaint>, String> {
+    pub fn parse(text: &str) -> Result<Option<StartupTaint>, AgentError> {
         let text = text.trim();
         if text.is_empty() {
             return Ok(None);
         }
         let Some((kv, effect)) = text.rsplit_once(':') else {
-            return Err(format!(
-                "{text:?} has no effect: write KEY[=VALUE]:EFFECT, e.g. {DEFAULT_STARTUP_TAINT:?}"
-            ));
+            return Err(AgentError::StartupTaintNoEffect { text: text.into() });
         };
         if !EFFECTS.contains(&effect) {
-            return Err(format!(
-                "{text:?}: the effect {effect:?} is not one of {}",
-                EFFECTS.join(", ")
-            ));
+            return Err(AgentError::StartupTaintEffect {
+                text: text.into(),
+                effect: effect.into(),
+            });
         }
         let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
         if let Err(why) = check_key(key) {
-            return Err(format!("{text:?}: the key {key:?} {why}"));
+            return Err(AgentError::StartupTaintKey {
+                text: text.into(),
+                key: key.into(),
+                why,
+            });
         }
         if value.len() > 63
             || !value
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
         {
-            return Err(format!(
-                "{text:?}: the value {value:?} must be at most 63 letters, digits, '-', '_' or '.'"
-            ));
+            return Err(AgentError::StartupTaintValue {
+                text: text.into(),
+                value: value.into(),
+            });
         }
         Ok(Some(StartupTaint {
             key: key.to_string(),
@@ -453,18 +456,26 @@ mod tests {
             ("pending", "NoExecute")
         );
         assert_eq!(StartupTaint::parse("").unwrap(), None);
-        let no_effect = StartupTaint::parse("gpuops.io/x").unwrap_err();
+        let no_effect = StartupTaint::parse("gpuops.io/x").unwrap_err().to_string();
         assert!(no_effect.contains("has no effect"), "{no_effect}");
-        let bad_effect = StartupTaint::parse("gpuops.io/x:NoRun").unwrap_err();
+        let bad_effect = StartupTaint::parse("gpuops.io/x:NoRun")
+            .unwrap_err()
+            .to_string();
         assert!(
             bad_effect.contains("\"NoRun\" is not one of NoSchedule"),
             "{bad_effect}"
         );
-        let bad_key = StartupTaint::parse("Bad Key:NoSchedule").unwrap_err();
+        let bad_key = StartupTaint::parse("Bad Key:NoSchedule")
+            .unwrap_err()
+            .to_string();
         assert!(bad_key.contains("the key \"Bad Key\""), "{bad_key}");
-        let bad_prefix = StartupTaint::parse("GPU.io/x:NoSchedule").unwrap_err();
+        let bad_prefix = StartupTaint::parse("GPU.io/x:NoSchedule")
+            .unwrap_err()
+            .to_string();
         assert!(bad_prefix.contains("prefix"), "{bad_prefix}");
-        let bad_value = StartupTaint::parse("gpuops.io/x=a b:NoSchedule").unwrap_err();
+        let bad_value = StartupTaint::parse("gpuops.io/x=a b:NoSchedule")
+            .unwrap_err()
+            .to_string();
         assert!(bad_value.contains("the value \"a b\""), "{bad_value}");
     }
 }
