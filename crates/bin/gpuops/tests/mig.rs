@@ -687,7 +687,7 @@ fn a_crash_between_creating_a_gpu_instance_and_its_compute_instance_is_cleaned_u
 /// NVIDIA's published default config (mig-parted v0.15.0), unchanged.
 const NVIDIA_DEFAULT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../mig/tests/fixtures/nvidia-mig-parted-v0.15.0-config-default.yaml"
+    "/../../decide/mig/tests/fixtures/nvidia-mig-parted-v0.15.0-config-default.yaml"
 );
 
 #[test]
@@ -755,7 +755,7 @@ fn nvidias_published_default_config_validates_with_zero_failures() {
 fn nvidias_mig_manager_manifest_is_accepted_and_configmaps_are_picked_by_name() {
     let example = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../mig/tests/fixtures/nvidia-mig-manager-v0.15.0-example.yaml"
+        "/../../decide/mig/tests/fixtures/nvidia-mig-manager-v0.15.0-example.yaml"
     );
     let o = run(&["mig", "validate", "-f", example, "-c", "all-1g.10gb"]);
     assert!(o.status.success(), "{}", text(&o));

@@ -8,6 +8,7 @@
 //! left behind.
 
 use crate::BedError;
+use crate::process::{record, send, terminate};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -69,7 +70,7 @@ impl ChildGuard {
                 what: name.to_string(),
                 source,
             })?;
-        let record = crate::process::record(child.id(), name);
+        let record = record(child.id(), name);
         Ok(ChildGuard {
             name: name.to_string(),
             child,
@@ -240,31 +241,6 @@ impl Drop for ChildGuard {
 fn complete_lines(out: &str) -> impl Iterator<Item = &str> {
     let whole = out.rfind('\n').map_or("", |end| &out[..end]);
     whole.lines()
-}
-
-fn send(signal: &str, target: &str) {
-    let _ = Command::new("kill")
-        .args(["-s", signal, "--", target])
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// SIGTERM, up to `grace` for `child` to exit, then SIGKILL; reaps it. Its exit status (None
-/// only if it could not be reaped).
-pub(crate) fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
-    if let Ok(Some(status)) = child.try_wait() {
-        return Some(status);
-    }
-    send("TERM", &child.id().to_string());
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        std::thread::sleep(POLL.min(deadline.saturating_duration_since(Instant::now())));
-    }
-    let _ = child.kill();
-    child.wait().ok()
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@
 use crate::BedError;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 /// The environment variable naming the directory where test-bed processes are recorded.
 pub const RUN_DIR_ENV: &str = "GPUOPS_TESTBED_RUN_DIR";
@@ -122,7 +122,7 @@ impl Managed {
 
     fn stop_within(&mut self, grace: Duration) {
         if let Some(mut child) = self.child.take() {
-            crate::child::terminate(&mut child, grace);
+            terminate(&mut child, grace);
         }
     }
 
@@ -166,4 +166,32 @@ mod tests {
         assert!(own > 0);
         assert_eq!(text, format!("{own} kube-apiserver second line\n"));
     }
+}
+
+/// How often a process being stopped is looked at.
+const TERMINATE_POLL: Duration = Duration::from_millis(50);
+
+pub(crate) fn send(signal: &str, target: &str) {
+    let _ = Command::new("kill")
+        .args(["-s", signal, "--", target])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// SIGTERM, up to `grace` for `child` to exit, then SIGKILL; reaps it. Its exit status (None
+/// only if it could not be reaped).
+pub(crate) fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    if let Ok(Some(status)) = child.try_wait() {
+        return Some(status);
+    }
+    send("TERM", &child.id().to_string());
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(TERMINATE_POLL.min(deadline.saturating_duration_since(Instant::now())));
+    }
+    let _ = child.kill();
+    child.wait().ok()
 }
