@@ -96,6 +96,7 @@ fn scrape(address: &str) -> String {
     raw
 }
 
+// Long on purpose: the bench is one script of measurements in order, each printing its figures.
 fn main() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("sim");

@@ -229,6 +229,7 @@ fn check_commands(cluster: &Cluster, d: &Doctor) -> usize {
 
 #[test]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn the_doctor_names_the_real_cause_of_each_pending_gpu_pod_and_leaves_look_alikes_alone() {
     let cluster = Cluster::start(ClusterOptions {
         kwok: true,
@@ -726,6 +727,7 @@ const DRIVER: &str = "550.107.02";
 
 #[test]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn the_doctor_names_gpu_health_mig_driver_memory_and_cost_problems_of_real_objects() {
     let cluster = Cluster::start(ClusterOptions::default()).unwrap();
     let gpu = "nvidia.com/gpu";
@@ -1344,6 +1346,7 @@ fn failed_create(cluster: &Cluster, ns: &str, deployment: &str) -> Option<String
 }
 
 #[test]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
 fn the_doctor_gets_right_what_it_used_to_get_wrong_on_a_real_control_plane() {
     let cluster = Cluster::start(ClusterOptions {

@@ -185,6 +185,7 @@ fn node_of(cluster: &Cluster, pod: &str) -> Option<String> {
 
 #[test]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn kube_scheduler_with_the_extender_places_shared_pods_where_the_engine_scores_best() {
     let port = free_port().unwrap();
     let cluster = Cluster::start(ClusterOptions {
@@ -425,6 +426,7 @@ fn service_account_kubeconfig(cluster: &Cluster, name: &str) -> std::path::PathB
 
 #[test]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn the_charts_scheduler_binds_through_the_extender_and_holds_its_own_lease() {
     // No default scheduler: whatever gets bound, the chart's scheduler bound it.
     let cluster = Cluster::start(ClusterOptions {

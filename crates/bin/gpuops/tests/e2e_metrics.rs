@@ -72,6 +72,7 @@ fn pod_series(body: &str, metric: &str, pod: &str) -> Vec<String> {
 
 #[test]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn pods_holding_a_gpu_a_mig_instance_and_a_replica_get_pod_labels_on_metrics() {
     let cluster = Cluster::start(ClusterOptions::default()).unwrap();
     let whole = HarnessNode::start(&cluster, "whole-node").unwrap();

@@ -479,6 +479,7 @@ mig-configs:
 
 #[test]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn the_mig_label_flow_applies_configs_survives_bad_ones_busy_gpus_and_a_crash() {
     let cluster = Cluster::start(ClusterOptions::default()).unwrap();
     let node = HarnessNode::start(&cluster, "mig-node").unwrap();

@@ -361,6 +361,7 @@ fn http_get(address: &str, path: &str) -> Option<String> {
 
 #[test]
 #[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn the_seeds_workflow_runs_on_a_real_node_from_the_chart_and_the_image() {
     let bed = Bed::start("dgx-h100");
 
@@ -1099,6 +1100,7 @@ fn nvidia_view(bed: &Bed, pod: &str) -> (Vec<String>, Vec<String>) {
 }
 
 #[test]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 #[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
 fn cdi_pods_get_exactly_their_devices_and_driver_files_and_others_none() {
     let bed = Bed::start("l4x4");

@@ -264,6 +264,7 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
 /// (scripts/fault-matrix does, on a machine it expects to be quiet).
 #[test]
 #[ignore = "fault matrix, 60 s of storm: scripts/fault-matrix (or scripts/test's e2e tier)"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn an_xid_storm_of_1000_per_second_keeps_health_right_memory_flat_and_metrics_fast() {
     let secs: u64 = std::env::var("GPUOPS_STORM_SECS")
         .ok()

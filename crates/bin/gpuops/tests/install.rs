@@ -192,6 +192,7 @@ fn with_mig_managed_the_default_mig_strategy_is_mixed() {
 }
 
 #[test]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn the_static_manifest_has_the_agent_daemonset() {
     let objects = static_manifest();
     assert_eq!(
@@ -604,6 +605,7 @@ fn assert_same_objects(helm: Vec<Value>, ours: Vec<Value>, what: &str) {
 
 #[test]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn helm_chart_installs_and_its_rbac_is_least_privilege() {
     let cluster = Cluster::start(ClusterOptions::default()).unwrap();
     let helm = Helm::new(&cluster);

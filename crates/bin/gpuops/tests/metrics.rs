@@ -825,6 +825,7 @@ fn operator_job(mode: &str, target: &str) -> String {
 
 #[test]
 #[ignore = "e2e tier: needs the test bed's Helm (GPUOPS_K8S_BIN), run by scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn behind_the_prometheus_operator_free_gpus_never_look_allocated_or_idle() {
     use gpuops_kubelet_api::podresources::v1::{
         ContainerDevices, ContainerResources, PodResources,

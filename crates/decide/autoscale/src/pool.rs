@@ -267,6 +267,7 @@ fn mig_layout(
 /// # Errors
 /// [`AutoscaleError`] naming the MachineDeployment and the annotation when a value cannot be
 /// used, or the pool is inconsistent (min above max, no capacity for scale-from-zero).
+// Long on purpose: one annotation after another, each a few lines of parsing with its own error; a table in code.
 pub fn parse_pool(md: &Value) -> Result<Pool, AutoscaleError> {
     let name = pool_name(md);
     let annotations: BTreeMap<&str, &str> = md["metadata"]["annotations"]

@@ -218,6 +218,7 @@ fn mig_layout(
 ///
 /// # Errors
 /// [`ReplayError::Pools`] naming the file, the line and the problem.
+// Long on purpose: one key after another of the pools file, each a few lines of parsing with its own error; a table in code.
 pub fn parse_pools(file: &str, text: &str) -> Result<PoolsFile, ReplayError> {
     let err = |line: u64, message: String| ReplayError::Pools {
         file: file.to_string(),

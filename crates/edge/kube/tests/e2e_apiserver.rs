@@ -13,6 +13,7 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 async fn the_writer_keeps_its_keys_the_taint_survives_a_race_and_lists_are_paged() {
     let cluster = Cluster::start(ClusterOptions {
         scheduler: false,

@@ -141,6 +141,7 @@ impl Agent {
     }
 
     /// Runs every task until `shutdown` resolves, then drains them (bounded by [`DRAIN`]).
+    // Long on purpose: it starts every job of the agent in dependency order and joins them; each step is a call, and splitting it would only hand the channels between them around.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
         let Agent {
             gpus,

@@ -561,6 +561,7 @@ fn with_no_mig_capacity_one_node_is_bought_with_the_layout_the_pods_need() {
 
 #[test]
 #[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn with_no_mig_capacity_a_node_is_bought_with_a_generated_layout_and_labelled_at_boot() {
     let (cluster, capi) = common::bed();
     let cm = serde_json::json!({

@@ -436,7 +436,11 @@ pub fn autoscale_annotations(data: &[u8]) {
             assert!(t.scalars.contains_key("pods"), "no pods capacity");
         }
         Err(e) => {
-            assert_eq!(e.pool(), Some(name.as_str()), "error about another pool: {e}");
+            assert_eq!(
+                e.pool(),
+                Some(name.as_str()),
+                "error about another pool: {e}"
+            );
             let message = e.to_string();
             assert!(
                 message.contains(&format!("MachineDeployment {name}")),

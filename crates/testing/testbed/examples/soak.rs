@@ -130,6 +130,7 @@ fn pod_phases(cluster: &Cluster) -> (u64, u64, u64) {
     (count("Running"), count("Pending"), count("Failed"))
 }
 
+// Long on purpose: the soak is one script: a long run's phases in order, each printing its figures.
 fn main() {
     let total = Duration::from_secs(env_u64("SOAK_SECS", 7200));
     let churn_every = Duration::from_millis(env_u64("SOAK_CHURN_MS", 3000));

@@ -82,6 +82,7 @@ const READY: Duration = Duration::from_secs(90);
 
 impl Cluster {
     /// Starts the control plane and waits until it is ready.
+    // Long on purpose: the control plane's start-up in order (certificates, etcd, apiserver, controllers, KWOK), each step waiting for the one before.
     pub fn start(options: ClusterOptions) -> Result<Cluster, BedError> {
         let mut names = vec!["etcd", "kube-apiserver", "kubectl"];
         if options.scheduler {

@@ -451,6 +451,7 @@ fn lag_tick(
 /// The policy that makes a Node Karpenter's KWOK provider creates register without its devices
 /// (`resources` removed from capacity and allocatable), as a real node does before its device
 /// plugin registers. In the apiserver, so no scheduler ever sees the GPUs early.
+// Long on purpose: Karpenter's KWOK provider's stages written out one after another, so they can be read against its source.
 fn lag_policy(resources: &[String]) -> Value {
     let mut parts: Vec<String> = Vec::new();
     for r in resources {

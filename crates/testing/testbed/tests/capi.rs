@@ -64,6 +64,7 @@ fn has_startup_taint(node: &Value) -> bool {
 
 #[test]
 #[ignore = "needs the control plane and Cluster API (GPUOPS_K8S_BIN, GPUOPS_CAPI_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node or a fleet costs seconds to start), so the cases read as the story they test.
 fn a_machine_deployment_scaled_from_zero_gets_nodes_that_are_ready_before_their_gpus_and_a_chosen_machine_goes_first()
  {
     let cluster = Cluster::start(ClusterOptions {

@@ -320,6 +320,7 @@ fn parse_hostname_label(text: &str) -> Result<HostnameLabel, String> {
     }
 }
 
+// Long on purpose: it maps each flag group onto the agent's config in one place, a step per group, so the flags and what they set are read side by side.
 pub fn run(args: Args) -> Result<ExitCode> {
     // dcgm-exporter's env vars, so its DaemonSets can switch images; our flags and env win.
     let dcgm = gpuops_metrics::DcgmExporterEnv::from_vars(std::env::vars())?;
