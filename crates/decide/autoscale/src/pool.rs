@@ -126,8 +126,11 @@ fn list_items<'r>(r: &'r Reader<'_>, key: &str) -> impl Iterator<Item = &'r str>
         .filter(|p| !p.is_empty())
 }
 
+/// Label keys to values, as a pool's annotations give them.
+type Labels = BTreeMap<String, String>;
+
 /// `k=v,k2=v2` (CA's labels annotation).
-fn parse_labels(r: &Reader<'_>, key: &str) -> Result<BTreeMap<String, String>, AutoscaleError> {
+fn parse_labels(r: &Reader<'_>, key: &str) -> Result<Labels, AutoscaleError> {
     let mut out = BTreeMap::new();
     for part in list_items(r, key) {
         let Some((k, v)) = part.split_once('=') else {

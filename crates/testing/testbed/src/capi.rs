@@ -230,7 +230,7 @@ impl Cluster {
             "gpuops-test-provider",
             options.provider_interval,
             &dir.join("provider.log"),
-            move || provider.tick(&provider_kube).map_err(|e| e.to_string()),
+            move || provider.tick(&provider_kube),
         )?;
 
         let capi = ClusterApi {

@@ -295,7 +295,7 @@ impl Cluster {
             "karpenter-device-lag",
             options.lag_interval,
             &dir.join("device-lag.log"),
-            move || lag_tick(&lag_kube, &mut seen, &devices, delay).map_err(|e| e.to_string()),
+            move || lag_tick(&lag_kube, &mut seen, &devices, delay),
         )?;
 
         let karpenter = Karpenter {

@@ -115,7 +115,7 @@ impl Loop {
         name: &str,
         interval: Duration,
         log: &Path,
-        mut tick: impl FnMut() -> Result<(), String> + Send + 'static,
+        mut tick: impl FnMut() -> Result<(), BedError> + Send + 'static,
     ) -> Result<Loop, BedError> {
         let mut log = std::fs::File::create(log)
             .map_err(|e| BedError::io(format!("creating {}", log.display()), e))?;
@@ -131,11 +131,11 @@ impl Loop {
                             failures = 0;
                             interval
                         }
-                        Err(message) => {
+                        Err(error) => {
                             failures = failures.saturating_add(1);
                             let _ = writeln!(
                                 log,
-                                "{:>9.3}s error: {message}",
+                                "{:>9.3}s error: {error}",
                                 start.elapsed().as_secs_f64()
                             );
                             backoff(interval, failures)
