@@ -142,32 +142,6 @@ impl Drop for Managed {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn the_start_time_is_field_22_even_when_the_command_name_has_spaces_and_parens() {
-        let stat = "4242 (a (weird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
-        assert_eq!(parse_start_time(stat), Some(987654));
-        assert_eq!(parse_start_time("4242 (truncated"), None);
-        assert_eq!(parse_start_time("4242 (x) S 1 2"), None);
-    }
-
-    #[test]
-    fn a_record_names_the_process_by_pid_and_start_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let pid = std::process::id();
-        let file = record_in(dir.path(), pid, "kube-apiserver\nsecond line").unwrap();
-        assert_eq!(file, dir.path().join(format!("pid-{pid}")));
-        let text = std::fs::read_to_string(&file).unwrap();
-        let own = start_time(pid).unwrap();
-        assert!(own > 0);
-        assert_eq!(text, format!("{own} kube-apiserver second line\n"));
-    }
-}
-
 /// How often a process being stopped is looked at.
 const TERMINATE_POLL: Duration = Duration::from_millis(50);
 
@@ -194,4 +168,30 @@ pub(crate) fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus
     }
     let _ = child.kill();
     child.wait().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_start_time_is_field_22_even_when_the_command_name_has_spaces_and_parens() {
+        let stat = "4242 (a (weird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(stat), Some(987654));
+        assert_eq!(parse_start_time("4242 (truncated"), None);
+        assert_eq!(parse_start_time("4242 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn a_record_names_the_process_by_pid_and_start_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        let file = record_in(dir.path(), pid, "kube-apiserver\nsecond line").unwrap();
+        assert_eq!(file, dir.path().join(format!("pid-{pid}")));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let own = start_time(pid).unwrap();
+        assert!(own > 0);
+        assert_eq!(text, format!("{own} kube-apiserver second line\n"));
+    }
 }
