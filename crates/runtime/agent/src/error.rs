@@ -157,9 +157,12 @@ pub enum AgentError {
     /// The blocking task of a check or apply panicked.
     #[error("the MIG task failed: {0}")]
     MigTask(tokio::task::JoinError),
-    /// The kubelet's PodResources answer was an error; the text is the kubelet client's.
-    #[error("{0}")]
-    PodResources(String),
+    /// The kubelet's PodResources socket could not be connected to.
+    #[error("cannot connect: {0}")]
+    PodResourcesConnect(#[source] tonic::transport::Error),
+    /// The kubelet answered PodResources `List()` with an error.
+    #[error("List failed: {}", .0.message())]
+    PodResourcesList(#[source] Box<tonic::Status>),
     #[error("no answer within {0:?}")]
     PodResourcesTimeout(Duration),
 }
@@ -191,7 +194,8 @@ impl AgentError {
             | MigDeadline { .. }
             | MigDrain { .. }
             | MigTask(_)
-            | PodResources(_)
+            | PodResourcesConnect(_)
+            | PodResourcesList(_)
             | PodResourcesTimeout(_) => Category::Retryable,
             // A driver that does not return, is not loaded, or waits for a reset.
             MigStillRunning(_) | MigNoNvml | MigPendingReset(_) | NvmlOpen { .. } => {

@@ -4,6 +4,7 @@
 //! the kubelet (dcgm-exporter maps pods on every scrape, which is what makes it slow and hang).
 //! This task is the only one that waits on the kubelet's PodResources, with a deadline.
 
+use crate::error::AgentError;
 use crate::podresources::{PodClient, list_pod_resources};
 use crate::state::{NodeState, Probes, now_ms};
 use gpuops_metrics::{AgentStats, Assignment, HostnameLabel, NodeView, PodMap};
@@ -108,7 +109,7 @@ impl Exporter {
         let result =
             tokio::time::timeout(POD_RESOURCES_TIMEOUT, list_pod_resources(&socket, client))
                 .await
-                .unwrap_or_else(|_| Err(format!("no answer within {POD_RESOURCES_TIMEOUT:?}")));
+                .unwrap_or(Err(AgentError::PodResourcesTimeout(POD_RESOURCES_TIMEOUT)));
         match result {
             Ok((a, client)) => {
                 self.pod_client = Some(client);

@@ -539,7 +539,7 @@ impl Flow {
         )
         .await
         {
-            Ok(listed) => listed.map_err(AgentError::PodResources),
+            Ok(listed) => listed,
             Err(_) => Err(AgentError::PodResourcesTimeout(wait)),
         };
         Some(listed.map(|(assignments, _)| {

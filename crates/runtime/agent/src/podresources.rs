@@ -1,6 +1,7 @@
 //! The kubelet's PodResources API: which pods hold which devices (pod labels on metrics, the MIG
 //! flow's wait for GPU pods).
 
+use crate::error::AgentError;
 use gpuops_kubelet_api::podresources::v1::ListPodResourcesRequest;
 use gpuops_kubelet_api::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use gpuops_metrics::Assignment;
@@ -17,20 +18,20 @@ pub(crate) type PodClient = PodResourcesListerClient<tonic::transport::Channel>;
 pub async fn list_pod_resources(
     socket: &Path,
     client: Option<PodClient>,
-) -> Result<(Vec<Assignment>, PodClient), String> {
+) -> Result<(Vec<Assignment>, PodClient), AgentError> {
     let mut client = match client {
         Some(c) => c,
         None => PodResourcesListerClient::new(
             gpuops_kubelet_api::unix::connect(socket)
                 .await
-                .map_err(|e| format!("cannot connect: {e}"))?,
+                .map_err(AgentError::PodResourcesConnect)?,
         )
         .max_decoding_message_size(MAX_MESSAGE_BYTES),
     };
     let response = client
         .list(ListPodResourcesRequest {})
         .await
-        .map_err(|s| format!("List failed: {}", s.message()))?
+        .map_err(|s| AgentError::PodResourcesList(Box::new(s)))?
         .into_inner();
     let mut out = Vec::new();
     for pod in response.pod_resources {
