@@ -1,5 +1,6 @@
 //! The layer check, run as `scripts/test` runs it: on the real workspace, and on small workspaces
 //! with a violation planted.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::path::Path;
 use std::process::Command;
