@@ -6,6 +6,9 @@ use std::error::Error;
 const PROTOS: &[&str] = &[
     "proto/deviceplugin/v1beta1/api.proto",
     "proto/podresources/v1/api.proto",
+    "proto/pluginregistration/v1/api.proto",
+    "proto/dra/v1/api.proto",
+    "proto/dra/v1beta1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -219,6 +219,60 @@ fn agent_reports_injected_xids_lost_gpus_and_recovery_then_stops_on_sigterm() {
     assert!(dir.path().join("state.json").is_file());
 }
 
+/// A GPU falling off the bus is marked at once, not at the next periodic read: the driver's
+/// "GPU is lost" on the event wait names no GPU, so the agent reads the GPUs right then. With a
+/// 60 s interval, waiting for the next read would take up to a minute.
+#[test]
+fn a_lost_gpu_is_marked_as_fast_as_an_xid_not_at_the_next_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap().to_string();
+    let mut agent = Agent::start(&[
+        "agent",
+        "--simulate",
+        "dgx-h100",
+        "--sim-state",
+        &state,
+        "--interval",
+        "60s",
+    ]);
+    agent.wait_for("watching 8 GPUs");
+    let sim = |args: &[&str]| {
+        let mut full = vec!["sim"];
+        full.extend_from_slice(args);
+        full.extend_from_slice(&["--state", &state]);
+        let o = run(&full);
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    // Bounds far under the interval, and generous for a loaded 2-core machine.
+    let within = Duration::from_secs(10);
+    let started = Instant::now();
+    sim(&["xid", "--gpu", "3", "--xid", "48"]);
+    agent
+        .0
+        .next_line("XID 48 on GPU 3", within)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let xid_took = started.elapsed();
+    let started = Instant::now();
+    sim(&["lost", "--gpu", "5"]);
+    agent
+        .0
+        .next_line("health healthy -> lost", within)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let lost_took = started.elapsed();
+    println!("XID marked after {xid_took:?}, lost GPU after {lost_took:?} (interval 60 s)");
+    agent
+        .0
+        .next_line("watching 7 GPUs for XID errors (0,1,2,3,4,6,7)", within)
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Only GPU 5 is lost: the other seven stay watched and healthy.
+    sim(&["xid", "--gpu", "6", "--xid", "48"]);
+    agent
+        .0
+        .next_line("XID 48 on GPU 6", within)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(agent.terminate().success());
+}
+
 #[test]
 fn bad_input_gives_clear_errors_and_a_failing_exit_code() {
     let dir = tempfile::tempdir().unwrap();

@@ -769,6 +769,135 @@ fn a_default_mig_layout_is_in_place_before_the_gpus_are_advertised() {
     );
 }
 
+/// The node condition of `type_`, if the node has one.
+fn condition_of(cluster: &Cluster, node: &str, type_: &str) -> Option<serde_json::Value> {
+    node_json(cluster, node)["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// MIG strategy single on a layout of mixed profiles: NVIDIA's GFD keeps running and labels the
+/// node `<product>-MIG-INVALID` with zero counts; the agent used to exit (a crash loop in its
+/// DaemonSet). It keeps running, labels as GFD does, advertises nothing, sets the
+/// GPUMIGStrategyValid condition False with a Warning event, and recovers once the layout fits.
+#[test]
+#[ignore = "needs the control plane (GPUOPS_K8S_BIN): run scripts/test"]
+fn single_strategy_on_mixed_profiles_keeps_running_labels_mig_invalid_and_recovers() {
+    let cluster = Cluster::start(ClusterOptions::default()).unwrap();
+    let node = HarnessNode::start(&cluster, "invalid-node").unwrap();
+    let state_s = sim_init(
+        &cluster,
+        "sim",
+        "gpus:\n- model: A100-SXM4-80GB\n  count: 2\n",
+    );
+    let configs = cluster.dir().join("mig-configs.yaml");
+    std::fs::write(
+        &configs,
+        format!("{MIG_CONFIGS}  balanced:\n  - devices: all\n    mig-enabled: true\n    mig-devices:\n      3g.40gb: 1\n      2g.20gb: 1\n      1g.10gb: 2\n"),
+    )
+    .unwrap();
+    let mut agent = Agent::start(
+        &cluster,
+        &node,
+        &cluster.dir().join("agent.log"),
+        &[
+            "--sim-state",
+            &state_s,
+            "--mig-config-file",
+            configs.to_str().unwrap(),
+            "--mig-default-config",
+            "balanced",
+        ],
+        &[("MIG_STRATEGY", "single"), ("FAIL_ON_INIT_ERROR", "true")],
+    );
+    let want_invalid = [
+        ("nvidia.com/mig.strategy", "single"),
+        (
+            "nvidia.com/gpu.product",
+            "NVIDIA-A100-SXM4-80GB-MIG-INVALID",
+        ),
+        ("nvidia.com/gpu.count", "0"),
+        ("nvidia.com/gpu.replicas", "0"),
+        ("nvidia.com/gpu.memory", "0"),
+        ("nvidia.com/gpu.sharing-strategy", ""),
+    ];
+    wait_until("the -MIG-INVALID labels", Duration::from_secs(90), || {
+        let l = labels(&cluster, "invalid-node");
+        want_invalid
+            .iter()
+            .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    wait_until("the condition False", Duration::from_secs(30), || {
+        condition_of(&cluster, "invalid-node", "GPUMIGStrategyValid")
+            .is_some_and(|c| c["status"] == "False" && c["reason"] == "MIGLayoutInvalidForStrategy")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let c = condition_of(&cluster, "invalid-node", "GPUMIGStrategyValid").unwrap();
+    let message = c["message"].as_str().unwrap_or_default();
+    assert!(message.contains("needs one MIG profile"), "{message}");
+    wait_until("the Warning event", Duration::from_secs(30), || {
+        node_events(&cluster, "invalid-node")
+            .iter()
+            .any(|e| e.starts_with("MIGLayoutInvalidForStrategy: "))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    // Nothing is advertised, and the agent is still running some passes later.
+    assert_eq!(allocatable(&cluster, "invalid-node", "nvidia.com/gpu"), 0);
+    let node_now = node_json(&cluster, "invalid-node");
+    let mig_resources: Vec<&String> = node_now["status"]["allocatable"]
+        .as_object()
+        .map(|m| m.keys().filter(|k| k.starts_with("nvidia.com/")).collect())
+        .unwrap_or_default();
+    assert!(
+        mig_resources
+            .iter()
+            .all(|k| allocatable(&cluster, "invalid-node", k) == 0),
+        "{mig_resources:?}"
+    );
+    agent
+        .0
+        .check_alive()
+        .unwrap_or_else(|e| panic!("the agent exited: {e}\n{}", agent.log()));
+
+    // A layout single can serve: the node recovers without a restart.
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            "invalid-node",
+            "nvidia.com/mig.config=all-1g.10gb",
+            "--overwrite",
+        ])
+        .unwrap();
+    wait_until(
+        "14 MIG devices as nvidia.com/gpu",
+        Duration::from_secs(90),
+        || allocatable(&cluster, "invalid-node", "nvidia.com/gpu") == 14,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    wait_until("the condition True", Duration::from_secs(30), || {
+        condition_of(&cluster, "invalid-node", "GPUMIGStrategyValid")
+            .is_some_and(|c| c["status"] == "True")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    wait_until("the product label", Duration::from_secs(30), || {
+        labels(&cluster, "invalid-node")
+            .get("nvidia.com/gpu.product")
+            .map(String::as_str)
+            == Some("NVIDIA-A100-SXM4-80GB-MIG-1g.10gb")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    wait_until("the Normal event", Duration::from_secs(30), || {
+        node_events(&cluster, "invalid-node")
+            .iter()
+            .any(|e| e.starts_with("MIGLayoutFitsStrategy: "))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+}
+
 /// Whether the node carries the default startup taint.
 fn has_startup_taint(node: &serde_json::Value) -> bool {
     node["spec"]["taints"]

@@ -134,6 +134,80 @@ pub struct GiProfile {
     pub ofas: u32,
 }
 
+/// Engines by type, as `nvidia-smi mig -lgip` lists them (CE, DEC, ENC, JPEG, OFA).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineCounts {
+    pub copy_engines: u32,
+    pub decoders: u32,
+    pub encoders: u32,
+    pub jpegs: u32,
+    pub ofas: u32,
+}
+
+impl EngineCounts {
+    /// Each type with the name the planner's and the simulator's refusals use.
+    pub fn named(&self) -> [(&'static str, u32); 5] {
+        [
+            ("copy", self.copy_engines),
+            ("NVDEC", self.decoders),
+            ("NVENC", self.encoders),
+            ("NVJPG", self.jpegs),
+            ("OFA", self.ofas),
+        ]
+    }
+
+    /// `self` plus `n` times `other`, saturating (counts are small; saturation only guards input).
+    pub fn plus(self, other: EngineCounts, n: u32) -> EngineCounts {
+        let add = |a: u32, b: u32| a.saturating_add(b.saturating_mul(n));
+        EngineCounts {
+            copy_engines: add(self.copy_engines, other.copy_engines),
+            decoders: add(self.decoders, other.decoders),
+            encoders: add(self.encoders, other.encoders),
+            jpegs: add(self.jpegs, other.jpegs),
+            ofas: add(self.ofas, other.ofas),
+        }
+    }
+
+    /// The first type `self` needs more of than `budget` has: (name, needed, available).
+    pub fn exceeds(&self, budget: &EngineCounts) -> Option<(&'static str, u32, u32)> {
+        self.named()
+            .into_iter()
+            .zip(budget.named())
+            .find(|((_, need), (_, have))| need > have)
+            .map(|((name, need), (_, have))| (name, need, have))
+    }
+}
+
+impl GiProfile {
+    /// The engines an instance of this profile takes from the GPU.
+    pub fn engines(&self) -> EngineCounts {
+        EngineCounts {
+            copy_engines: self.copy_engines,
+            decoders: self.decoders,
+            encoders: self.encoders,
+            jpegs: self.jpegs,
+            ofas: self.ofas,
+        }
+    }
+}
+
+impl MigGeometry {
+    /// The engines the GPU has, per type: the most any one profile takes, since the whole-GPU
+    /// instance owns every engine. The instances of a layout share these, which is why a GPU with
+    /// one NVJPG and one OFA holds a single media-extension (`+me`) instance.
+    pub fn engine_budget(&self) -> EngineCounts {
+        let mut out = EngineCounts::default();
+        for p in self.gi_profiles {
+            out.copy_engines = out.copy_engines.max(p.copy_engines);
+            out.decoders = out.decoders.max(p.decoders);
+            out.encoders = out.encoders.max(p.encoders);
+            out.jpegs = out.jpegs.max(p.jpegs);
+            out.ofas = out.ofas.max(p.ofas);
+        }
+        out
+    }
+}
+
 impl GpuModel {
     /// The MIG profile with this canonical name (`1g.10gb`, `1g.10gb+me`), if the model offers it.
     pub fn gi_profile(&self, name: &str) -> Option<&'static GiProfile> {

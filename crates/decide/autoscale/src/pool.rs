@@ -61,6 +61,14 @@ pub fn is_pool(md: &Value) -> bool {
     a.get(MIN_SIZE).is_some() || a.get(MAX_SIZE).is_some()
 }
 
+/// The most nodes a pool may have (min size, max size, `spec.replicas`): twice the 5,000 nodes
+/// Kubernetes supports per cluster. The MIG view makes one node entry per launched node, so
+/// `spec.replicas` sizes the controller's memory (4,000,000,000 would be 4 billion entries).
+pub const MAX_POOL_NODES: u32 = 10_000;
+/// The most time-slicing replicas per GPU `gpuops.io/gpu-replicas` may say: the device
+/// plugin config's own limit (gpuops-resources' `MAX_TIME_SLICING_REPLICAS`).
+pub const MAX_GPU_REPLICAS: u32 = 1024;
+
 struct Reader<'a> {
     pool: String,
     annotations: BTreeMap<&'a str, &'a str>,
@@ -87,11 +95,27 @@ impl Reader<'_> {
 
     fn count(&self, key: &str) -> Result<Option<u32>, AutoscaleError> {
         self.get(key)
-            .map(|v| {
-                v.parse::<u32>()
-                    .map_err(|_| self.bad(key, "must be a whole number (0 or more)"))
+            .map(|v| match v.parse::<u128>() {
+                Ok(n) => u32::try_from(n).map_err(|_| {
+                    self.bad(
+                        key,
+                        format!("must be at most {} (a whole number)", u32::MAX),
+                    )
+                }),
+                Err(_) => Err(self.bad(key, "must be a whole number (0 or more)")),
             })
             .transpose()
+    }
+
+    /// [`Reader::count`] with a limit; `why` says where the limit comes from.
+    fn count_at_most(&self, key: &str, max: u32, why: &str) -> Result<Option<u32>, AutoscaleError> {
+        match self.get(key).map(|v| v.parse::<u128>()) {
+            Some(Ok(n)) if n > u128::from(max) => Err(self.bad(
+                key,
+                format!("must be at most {max} ({why}); accepted: 0 to {max}"),
+            )),
+            _ => self.count(key),
+        }
     }
 
     fn quantity(&self, key: &str) -> Result<Option<f64>, AutoscaleError> {
@@ -186,6 +210,16 @@ fn parse_mig_devices(r: &Reader<'_>, key: &str) -> Result<BTreeMap<String, u64>,
             .trim()
             .parse()
             .map_err(|_| r.bad(key, format!("{part:?}: the count is not a whole number")))?;
+        // The MIG view makes one device entry per count: bounded like a mig-parted config's.
+        let max = gpuops_mig::config::MAX_MIG_COUNT;
+        if n > u64::from(max) {
+            return Err(r.bad(
+                key,
+                format!(
+                    "{part:?}: the count must be at most {max} per GPU (no GPU has more than 7 MIG slices)"
+                ),
+            ));
+        }
         out.insert(profile.trim().to_string(), n);
     }
     if out.is_empty() {
@@ -290,16 +324,21 @@ pub fn parse_pool(md: &Value) -> Result<Pool, AutoscaleError> {
         reason,
     };
 
-    let min = r.count(MIN_SIZE)?.ok_or_else(|| {
-        pool_err(format!(
-            "annotation {MIN_SIZE} is missing (needed with {MAX_SIZE})"
-        ))
-    })?;
-    let max = r.count(MAX_SIZE)?.ok_or_else(|| {
-        pool_err(format!(
-            "annotation {MAX_SIZE} is missing (needed with {MIN_SIZE})"
-        ))
-    })?;
+    let nodes_why = "twice the 5,000 nodes Kubernetes supports per cluster";
+    let min = r
+        .count_at_most(MIN_SIZE, MAX_POOL_NODES, nodes_why)?
+        .ok_or_else(|| {
+            pool_err(format!(
+                "annotation {MIN_SIZE} is missing (needed with {MAX_SIZE})"
+            ))
+        })?;
+    let max = r
+        .count_at_most(MAX_SIZE, MAX_POOL_NODES, nodes_why)?
+        .ok_or_else(|| {
+            pool_err(format!(
+                "annotation {MAX_SIZE} is missing (needed with {MIN_SIZE})"
+            ))
+        })?;
     if min > max {
         return Err(r.bad(
             MIN_SIZE,
@@ -313,6 +352,11 @@ pub fn parse_pool(md: &Value) -> Result<Pool, AutoscaleError> {
             .and_then(|v| u32::try_from(v).ok())
             .ok_or_else(|| pool_err(format!("spec.replicas {v} is not a whole number")))?,
     };
+    if replicas > MAX_POOL_NODES {
+        return Err(pool_err(format!(
+            "spec.replicas {replicas} is more than {MAX_POOL_NODES}, the most nodes a pool may have ({nodes_why})"
+        )));
+    }
     let cpu = r.quantity(CPU)?.ok_or_else(|| {
         pool_err(format!("annotation {CPU} is missing: without it the controller cannot know what a new node offers (scale-from-zero capacity)"))
     })?;
@@ -349,7 +393,13 @@ pub fn parse_pool(md: &Value) -> Result<Pool, AutoscaleError> {
             })?,
     };
     let product = r.get(GPU_PRODUCT).filter(|p| !p.is_empty());
-    let replicas_per_gpu = r.count(GPU_REPLICAS)?.unwrap_or(1);
+    let replicas_per_gpu = r
+        .count_at_most(
+            GPU_REPLICAS,
+            MAX_GPU_REPLICAS,
+            "the device plugin config's limit of time-slicing replicas per GPU",
+        )?
+        .unwrap_or(1);
     if replicas_per_gpu == 0 {
         return Err(r.bad(GPU_REPLICAS, "must be 1 or more"));
     }

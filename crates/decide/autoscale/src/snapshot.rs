@@ -201,11 +201,30 @@ fn machine_key(m: &Value) -> String {
     )
 }
 
-/// The Node a Machine points at (`status.nodeRef.name`).
-fn machine_node(m: &Value) -> Option<&str> {
+/// The Node a Machine points at: `status.nodeRef.name`, or else the Node whose
+/// `spec.providerID` is the Machine's. Cluster API sets nodeRef by that same match, but only at
+/// its next reconcile of the Machine; until then a registered node would belong to no pool, and
+/// the MIG decision could re-partition it before the pool's owed layout is labelled at boot.
+fn machine_node<'a>(m: &'a Value, by_provider: &HashMap<&str, &'a str>) -> Option<&'a str> {
     m["status"]["nodeRef"]["name"]
         .as_str()
         .filter(|s| !s.is_empty())
+        .or_else(|| {
+            let id = m["spec"]["providerID"].as_str().filter(|s| !s.is_empty())?;
+            by_provider.get(id).copied()
+        })
+}
+
+/// Node names by `spec.providerID`.
+fn nodes_by_provider<'a>(nodes: &[&'a Node]) -> HashMap<&'a str, &'a str> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let id = n.spec.as_ref()?.provider_id.as_deref()?;
+            Some((id, n.metadata.name.as_deref()?))
+        })
+        .filter(|(id, _)| !id.is_empty())
+        .collect()
 }
 
 /// Builds the snapshot. Pools with malformed annotations are returned as errors (and named
@@ -280,9 +299,10 @@ pub fn build<N: Borrow<Node>, P: Borrow<Pod>>(
 /// Node -> (machine key, pool) through the Machines (the authoritative link) and the Node's
 /// own annotation as a fallback while the Machine's nodeRef is not set yet.
 fn node_machines(machines: &[Value], nodes: &[&Node]) -> HashMap<String, (String, Option<String>)> {
+    let by_provider = nodes_by_provider(nodes);
     let mut node_machine: HashMap<String, (String, Option<String>)> = HashMap::new();
     for m in machines {
-        if let Some(node) = machine_node(m) {
+        if let Some(node) = machine_node(m, &by_provider) {
             node_machine.insert(node.to_string(), (machine_key(m), machine_pool(m)));
         }
     }
@@ -321,6 +341,7 @@ fn machines_in_flight(
         .iter()
         .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, *n)))
         .collect();
+    let by_provider = nodes_by_provider(nodes);
     let mut machines = Vec::new();
     let mut in_flight_nodes: HashSet<String> = HashSet::new();
     for m in objs_machines {
@@ -338,7 +359,7 @@ fn machines_in_flight(
         let created = ts_ms(&m["metadata"]["creationTimestamp"])
             .map(second_end)
             .unwrap_or(now);
-        let node = machine_node(m).and_then(|n| nodes_by_name.get(n).copied());
+        let node = machine_node(m, &by_provider).and_then(|n| nodes_by_name.get(n).copied());
         let (stage, since) = match node {
             None => (Stage::Provisioning, created),
             Some(n) => {
@@ -370,7 +391,7 @@ fn machines_in_flight(
         machines.push(Machine {
             name: machine_key(m),
             pool: pool_name,
-            node: machine_node(m).map(str::to_string),
+            node: machine_node(m, &by_provider).map(str::to_string),
             stage,
             stage_since: since,
             failed,

@@ -1366,3 +1366,56 @@ fn shared_replicas_count_the_same_whichever_pool_serves_them() {
         .collect();
     assert_eq!(got, vec![("capi/quarter", 1)]);
 }
+
+#[test]
+fn pool_sizes_and_replicas_that_size_memory_are_bounded_with_the_limit_named() {
+    let ann = |min: &'static str, max: &'static str| base_ann(min, max, "8", "10");
+    let err = |replicas: u32, a: &[(&str, &str)]| {
+        pool::parse_pool(&md("p", replicas, a))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err(0, &ann("0", "4000000000")),
+        format!(
+            "MachineDeployment capi/p: annotation {}=\"4000000000\": must be at most 10000 (twice the 5,000 nodes Kubernetes supports per cluster); accepted: 0 to 10000",
+            pool::MAX_SIZE
+        )
+    );
+    assert!(
+        err(0, &ann("10001", "10002")).contains("must be at most 10000"),
+        "min"
+    );
+    assert!(
+        err(0, &ann("0", "99999999999999999999999")).contains("must be at most 10000"),
+        "beyond u64"
+    );
+    let e = err(4_000_000_000, &ann("0", "10"));
+    assert!(
+        e.contains("spec.replicas 4000000000 is more than 10000, the most nodes a pool may have (twice the 5,000 nodes Kubernetes supports per cluster)"),
+        "{e}"
+    );
+    let mut shared = ann("0", "10");
+    shared.push((pool::GPU_REPLICAS, "1000000000"));
+    assert!(
+        err(0, &shared).contains(
+            "must be at most 1024 (the device plugin config's limit of time-slicing replicas per GPU)"
+        ),
+        "{}",
+        err(0, &shared)
+    );
+    // The limits themselves are accepted.
+    let mut at_limit = ann("0", "10000");
+    at_limit.push((pool::GPU_REPLICAS, "1024"));
+    let p = pool::parse_pool(&md("p", 10_000, &at_limit)).unwrap();
+    assert_eq!((p.max, p.replicas), (10_000, 10_000));
+    let mut mig = ann("0", "10");
+    mig.push((pool::MIG_DEVICES, "1g.10gb=4000000000"));
+    let e = err(0, &mig);
+    assert!(
+        e.contains("\"1g.10gb=4000000000\": the count must be at most 64 per GPU"),
+        "{e}"
+    );
+    // Not a number at all keeps its message.
+    assert!(err(0, &ann("0", "ten")).contains("must be a whole number (0 or more)"));
+}

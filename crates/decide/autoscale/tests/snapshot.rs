@@ -285,3 +285,52 @@ fn a_mig_node_bought_with_a_generated_config_is_ready_on_its_own_devices() {
     assert_eq!(stage("capi/m-gen"), None);
     assert_eq!(stage("capi/m-tpl"), Some(Stage::Devices));
 }
+
+/// Cluster API sets a Machine's nodeRef only at its next reconcile after the Node registers;
+/// until then the Node is still the Machine's by `spec.providerID` (the match Cluster API makes
+/// itself), so a registered node is in flight for its pool at once and never a pool-less node.
+#[test]
+fn a_node_is_its_machines_by_provider_id_before_the_node_ref_is_set() {
+    let mds = vec![md("gpu", 2, &[])];
+    let mut m_reg = machine("m-a", "gpu", None, "Provisioned");
+    m_reg["spec"]["providerID"] = json!("test://capi/m-a");
+    let mut m_ready = machine("m-b", "gpu", None, "Provisioned");
+    m_ready["spec"]["providerID"] = json!("test://capi/m-b");
+    let with_id = |name: &str, ready: bool, gpus: u32, id: &str| {
+        let mut n = node(name, ready, gpus, false);
+        n.metadata.annotations = None;
+        n.spec.get_or_insert_default().provider_id = Some(id.to_string());
+        n
+    };
+    let nodes = vec![
+        with_id("a", false, 0, "test://capi/m-a"),
+        with_id("b", true, 4, "test://capi/m-b"),
+        // Another Machine's id: no Machine has it, so no pool.
+        with_id("c", true, 4, "test://capi/elsewhere"),
+    ];
+    let pdbs: Vec<PodDisruptionBudget> = vec![];
+    let pods: Vec<Pod> = vec![];
+    let (snap, errors) = build(
+        &Objects {
+            machine_deployments: &mds,
+            machines: &[m_reg, m_ready],
+            nodes: &nodes,
+            pods: &pods,
+            pdbs: &pdbs,
+            gpu_util: &HashMap::new(),
+        },
+        NOW,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let a = snap.machines.iter().find(|m| m.name == "capi/m-a").unwrap();
+    assert_eq!(a.node.as_deref(), Some("a"));
+    assert_eq!(a.stage, Stage::Registered);
+    let pool_of = |n: &str| {
+        snap.nodes
+            .iter()
+            .find(|x| x.name == n)
+            .map(|x| x.pool.clone())
+    };
+    assert_eq!(pool_of("b"), Some(Some("capi/gpu".to_string())));
+    assert_eq!(pool_of("c"), Some(None));
+}

@@ -255,6 +255,8 @@ fn build(now: Timestamp, scale: usize) -> Snapshot {
         utilization_window: Some(std::time::Duration::from_secs(3600)),
         logs: Vec::new(),
         quotas: Vec::new(),
+        controllers: Vec::new(),
+        dra: Default::default(),
         all_pods: true,
         now,
     }

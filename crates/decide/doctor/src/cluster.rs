@@ -3,7 +3,7 @@
 use crate::fit;
 use crate::resources::{self, GpuMap};
 use crate::snapshot::Snapshot;
-use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Pod, Taint};
+use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Pod, PodCondition, Taint};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, HashMap};
 
@@ -62,21 +62,35 @@ pub const LIFECYCLE_TAINTS: &[&str] = &[
     "node.kubernetes.io/unreachable",
 ];
 
+/// The pod's `PodScheduled=False` condition: the scheduler's last word on a pod it did not place.
+pub fn unscheduled(pod: &Pod) -> Option<&PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+}
+
 impl NodeView<'_> {
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels.get(key).map(String::as_str)
     }
 
-    /// The `Ready` condition when it is not `True` (`False` or `Unknown`).
-    pub fn not_ready(&self) -> Option<&NodeCondition> {
+    /// The node's condition of `type_`, if it reports one.
+    pub fn condition(&self, type_: &str) -> Option<&NodeCondition> {
         self.node
             .status
             .as_ref()?
             .conditions
             .as_ref()?
             .iter()
-            .find(|c| c.type_ == "Ready")
-            .filter(|c| c.status != "True")
+            .find(|c| c.type_ == type_)
+    }
+
+    /// The `Ready` condition when it is not `True` (`False` or `Unknown`).
+    pub fn not_ready(&self) -> Option<&NodeCondition> {
+        self.condition("Ready").filter(|c| c.status != "True")
     }
 
     /// Whether a lifecycle taint (not-ready, unreachable) is on the node.
@@ -138,6 +152,16 @@ impl NodeView<'_> {
                 _ if self.capacity.values().any(|v| *v > 0) => {
                     "every GPU device unhealthy (allocatable 0)".to_string()
                 }
+                // GFD's label when the single strategy meets MIG devices of several profiles.
+                _ if self.label(MIG_STRATEGY) == Some("single")
+                    && self
+                        .label(PRODUCT)
+                        .is_some_and(|p| p.ends_with("-MIG-INVALID")) =>
+                {
+                    format!(
+                        "MIG strategy single cannot advertise config {config}: its MIG devices are not all one profile"
+                    )
+                }
                 _ => "no device plugin registered (no nvidia.com/ resource)".to_string(),
             });
         }
@@ -194,6 +218,16 @@ impl NodeView<'_> {
         let a = self.allocatable.get(resource).copied().unwrap_or(0);
         let r = self.requested.get(resource).copied().unwrap_or(0);
         (a - r).max(0)
+    }
+
+    /// Devices the node has but does not offer: some capacity above allocatable (the device
+    /// plugin withholds unhealthy ones), or a MIG apply that failed.
+    pub fn lacks_devices(&self) -> bool {
+        self.label(MIG_CONFIG_STATE) == Some("failed")
+            || self
+                .capacity
+                .iter()
+                .any(|(r, cap)| *cap > self.allocatable_of(r))
     }
 
     pub fn allocatable_of(&self, resource: &str) -> i64 {
@@ -268,6 +302,10 @@ pub struct Cluster<'a> {
     events: HashMap<EventKey, Vec<&'a Event>>,
     /// Active pods bound to each node name (all pods, GPU or not), for the namespace filter.
     pub namespaces_on_node: HashMap<&'a str, Vec<&'a str>>,
+    /// Indexes of the GPU nodes that are up but withhold devices (capacity above allocatable) or
+    /// whose MIG apply failed: the only nodes broken capacity can name. Found once, so a pending
+    /// pod looks at these few rather than at every node.
+    broken: Vec<usize>,
 }
 
 fn is_agent(pod: &Pod) -> bool {
@@ -412,6 +450,12 @@ impl<'a> Cluster<'a> {
         for list in events.values_mut() {
             list.sort_by_key(|e| std::cmp::Reverse(event_time(e)));
         }
+        let broken = nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.is_gpu && n.unavailable().is_none() && n.lacks_devices())
+            .map(|(i, _)| i)
+            .collect();
         Cluster {
             snapshot,
             nodes,
@@ -419,7 +463,13 @@ impl<'a> Cluster<'a> {
             gpu_pods,
             events,
             namespaces_on_node,
+            broken,
         }
+    }
+
+    /// GPU nodes that are up with devices withheld or a failed MIG apply (see `Cluster::broken`).
+    pub fn broken_nodes(&self) -> impl Iterator<Item = &NodeView<'a>> {
+        self.broken.iter().map(|&i| &self.nodes[i])
     }
 
     pub fn node(&self, name: &str) -> Option<&NodeView<'a>> {

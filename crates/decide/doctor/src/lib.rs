@@ -6,6 +6,7 @@
 //! table-tested with hand-written objects and run in milliseconds on thousands of nodes.
 #![forbid(unsafe_code)]
 
+mod cel;
 mod cluster;
 mod error;
 mod finding;
@@ -15,6 +16,7 @@ pub mod render;
 pub mod report;
 pub mod resources;
 mod rules;
+pub mod sched;
 mod snapshot;
 #[cfg(test)]
 mod testkit;
@@ -22,7 +24,7 @@ pub mod top;
 
 pub use error::DoctorError;
 pub use finding::{Category, Finding, ObjectRef, Severity};
-pub use snapshot::{LogExcerpt, Sample, Snapshot};
+pub use snapshot::{Controller, Dra, LogExcerpt, Sample, Snapshot};
 
 /// Node labels that name a node pool, most specific first; the instance type last, as the pool
 /// of nodes no provider labelled. The doctor groups nodes by it (drivers that differ within a

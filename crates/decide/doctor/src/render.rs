@@ -117,7 +117,9 @@ fn mem(used: Option<f64>, total: Option<f64>) -> String {
 
 /// `gpuops top nodes`.
 pub fn nodes_table(rows: &[NodeRow]) -> String {
-    let mut t = table(&[
+    // The DRA column only where claims hold devices, so a device-plugin cluster's table is as before.
+    let claims = rows.iter().any(|r| r.claim_devices > 0);
+    let mut header = vec![
         "NODE",
         "MODEL",
         "GPUS",
@@ -127,9 +129,13 @@ pub fn nodes_table(rows: &[NodeRow]) -> String {
         "UTIL",
         "MEMORY",
         "PODS",
-    ]);
+    ];
+    if claims {
+        header.push("CLAIMED (DRA)");
+    }
+    let mut t = table(&header);
     for r in rows {
-        t.add_row(vec![
+        let mut row = vec![
             r.node.clone(),
             r.model.clone(),
             r.gpus.to_string(),
@@ -139,7 +145,11 @@ pub fn nodes_table(rows: &[NodeRow]) -> String {
             opt(r.utilization_percent, "%"),
             mem(Some(r.memory_used_mib), Some(r.memory_total_mib)),
             r.pods.to_string(),
-        ]);
+        ];
+        if claims {
+            row.push(r.claim_devices.to_string());
+        }
+        t.add_row(row);
     }
     format!("{t}\n")
 }
@@ -174,7 +184,8 @@ pub fn devices_table(rows: &[DeviceRow]) -> String {
 
 /// `gpuops top pods`.
 pub fn pods_table(rows: &[PodRow]) -> String {
-    let mut t = table(&[
+    let claims = rows.iter().any(|r| !r.claim_devices.is_empty());
+    let mut header = vec![
         "NAMESPACE",
         "POD",
         "CONTAINER",
@@ -183,9 +194,13 @@ pub fn pods_table(rows: &[PodRow]) -> String {
         "UTIL",
         "MEMORY",
         "SHARING WITH",
-    ]);
+    ];
+    if claims {
+        header.push("CLAIMED (DRA)");
+    }
+    let mut t = table(&header);
     for r in rows {
-        t.add_row(vec![
+        let mut row = vec![
             r.namespace.clone(),
             r.pod.clone(),
             r.container.clone(),
@@ -194,7 +209,11 @@ pub fn pods_table(rows: &[PodRow]) -> String {
             opt(r.utilization_percent, "%"),
             mem(r.memory_used_mib, None),
             r.sharing_with.join(", "),
-        ]);
+        ];
+        if claims {
+            row.push(r.claim_devices.join(", "));
+        }
+        t.add_row(row);
     }
     format!("{t}\n")
 }

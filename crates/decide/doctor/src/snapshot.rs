@@ -1,6 +1,7 @@
 //! The doctor's input: plain Kubernetes objects, metric samples and log excerpts, taken at `now`.
 
-use k8s_openapi::api::core::v1::{Event, Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, PodTemplateSpec, ResourceQuota};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -41,6 +42,36 @@ pub struct LogExcerpt {
     pub text: String,
 }
 
+/// A controller a Warning event names (ReplicaSet, Job, StatefulSet, DaemonSet) or the Deployment
+/// owning such a ReplicaSet, reduced to what the fixes are computed from: how many pods it wants
+/// and the template it creates them from. Read one by one, only for the objects events name.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Controller {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    /// Pods it wants (`spec.replicas`, a Job's `spec.parallelism`); `None` when it does not say.
+    pub replicas: Option<i64>,
+    /// Pods it has now (`status.replicas`, a Job's `status.active`).
+    pub current: Option<i64>,
+    /// The controller owning it (a ReplicaSet's Deployment): kind and name.
+    pub owner: Option<(String, String)>,
+    pub template: Option<PodTemplateSpec>,
+}
+
+/// What Dynamic Resource Allocation (`resource.k8s.io/v1`) objects say: the claims of the pods
+/// read, every ResourceSlice and DeviceClass. Read apart because an older cluster has no such API
+/// and a doctor's token may not list them: then `unread` says why, and the claim rules tell only
+/// what the scheduler and the kubelet wrote.
+#[derive(Debug, Clone, Default)]
+pub struct Dra {
+    pub claims: Vec<ResourceClaim>,
+    pub slices: Vec<ResourceSlice>,
+    pub classes: Vec<DeviceClass>,
+    /// Why the objects above could not be read (API missing, forbidden); `None` when they were.
+    pub unread: Option<String>,
+}
+
 /// Everything the rules look at. Build it with one list per kind; the rules never call out.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -54,6 +85,10 @@ pub struct Snapshot {
     pub logs: Vec<LogExcerpt>,
     /// ResourceQuotas (all, or those of the namespaces read).
     pub quotas: Vec<ResourceQuota>,
+    /// Controllers named by Warning events, and their owners (see [`Controller`]).
+    pub controllers: Vec<Controller>,
+    /// ResourceClaims, ResourceSlices and DeviceClasses (see [`Dra`]).
+    pub dra: Dra,
     /// `false` when only some pods were read (`--node`): rules that must see every pod (who
     /// tolerates a taint) then say nothing rather than guess.
     pub all_pods: bool,
@@ -71,6 +106,8 @@ impl Snapshot {
             utilization_window: None,
             logs: Vec::new(),
             quotas: Vec::new(),
+            controllers: Vec::new(),
+            dra: Dra::default(),
             all_pods: true,
             now,
         }

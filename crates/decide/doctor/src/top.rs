@@ -52,6 +52,13 @@ pub struct NodeRow {
     pub memory_used_mib: f64,
     pub memory_total_mib: f64,
     pub pods: usize,
+    /// GPUs (and MIG devices) allocated through DRA ResourceClaims of driver `gpu.nvidia.com`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub claim_devices: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// One container holding GPU devices.
@@ -66,6 +73,102 @@ pub struct PodRow {
     pub memory_used_mib: Option<f64>,
     /// Other pods on the same physical GPU (time-slicing or MIG neighbours).
     pub sharing_with: Vec<String>,
+    /// Devices its ResourceClaims were allocated (`<claim>: <device>`), whether or not the
+    /// metrics attribute them to a container.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub claim_devices: Vec<String>,
+}
+
+/// One device a ResourceClaim was allocated, from `status.allocation.devices.results`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClaimDevice {
+    pub namespace: String,
+    pub claim: String,
+    /// The pods it is reserved for.
+    pub pods: Vec<String>,
+    /// The pool, which is the node for gpuops' (and NVIDIA's) driver.
+    pub node: String,
+    pub device: String,
+}
+
+/// The devices of driver `gpu.nvidia.com` allocated to claims, sorted by node and device.
+pub fn claim_devices(claims: &[k8s_openapi::api::resource::v1::ResourceClaim]) -> Vec<ClaimDevice> {
+    let mut out = Vec::new();
+    for c in claims {
+        let Some(status) = &c.status else { continue };
+        let pods: Vec<String> = status
+            .reserved_for
+            .iter()
+            .flatten()
+            .filter(|r| r.resource == "pods")
+            .map(|r| r.name.clone())
+            .collect();
+        let results = status
+            .allocation
+            .as_ref()
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_deref())
+            .unwrap_or_default();
+        for r in results.iter().filter(|r| r.driver == "gpu.nvidia.com") {
+            out.push(ClaimDevice {
+                namespace: c.metadata.namespace.clone().unwrap_or_default(),
+                claim: c.metadata.name.clone().unwrap_or_default(),
+                pods: pods.clone(),
+                node: r.pool.clone(),
+                device: r.device.clone(),
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.node, &a.device, &a.claim).cmp(&(&b.node, &b.device, &b.claim)));
+    out
+}
+
+/// Counts claim-allocated devices per node; a node the metrics did not show gets its own row.
+pub fn add_claims_to_nodes(rows: &mut Vec<NodeRow>, claims: &[ClaimDevice]) {
+    for c in claims {
+        match rows.iter_mut().find(|r| r.node == c.node) {
+            Some(r) => r.claim_devices += 1,
+            None => rows.push(NodeRow {
+                node: c.node.clone(),
+                claim_devices: 1,
+                ..NodeRow::default()
+            }),
+        }
+    }
+    rows.sort_by(|a, b| a.node.cmp(&b.node));
+}
+
+/// Names each pod's claim-allocated devices on its rows; a pod the metrics did not attribute
+/// devices to gets a row of its own (container `-`).
+pub fn add_claims_to_pods(rows: &mut Vec<PodRow>, claims: &[ClaimDevice]) {
+    for c in claims {
+        let label = format!("{}: {}", c.claim, c.device);
+        for pod in &c.pods {
+            let mut found = false;
+            for r in rows
+                .iter_mut()
+                .filter(|r| r.namespace == c.namespace && &r.pod == pod)
+            {
+                found = true;
+                if !r.claim_devices.contains(&label) {
+                    r.claim_devices.push(label.clone());
+                }
+            }
+            if !found {
+                rows.push(PodRow {
+                    namespace: c.namespace.clone(),
+                    pod: pod.clone(),
+                    container: "-".into(),
+                    node: c.node.clone(),
+                    claim_devices: vec![label.clone()],
+                    ..PodRow::default()
+                });
+            }
+        }
+    }
+    rows.sort_by(|a, b| {
+        (&a.namespace, &a.pod, &a.container).cmp(&(&b.namespace, &b.pod, &b.container))
+    });
 }
 
 type Key = (String, String, String); // host, UUID (or gpu index), GI id
@@ -327,5 +430,94 @@ gpuops_node_gpus_healthy{Hostname="node-1"} 3
         let llm = p.iter().find(|r| r.pod == "llm-0").unwrap();
         assert_eq!(llm.devices, vec!["GPU 1 / 3g.40gb (GI 1)"]);
         assert_eq!(llm.memory_used_mib, Some(30000.0));
+    }
+
+    #[test]
+    fn claim_allocated_gpus_per_node_and_pod() {
+        use k8s_openapi::api::resource::v1::{
+            AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+            ResourceClaimConsumerReference, ResourceClaimStatus,
+        };
+        let claim = |ns: &str, name: &str, pod: &str, devs: &[(&str, &str, &str)]| ResourceClaim {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            status: Some(ResourceClaimStatus {
+                allocation: Some(AllocationResult {
+                    devices: Some(DeviceAllocationResult {
+                        results: Some(
+                            devs.iter()
+                                .map(|(driver, pool, device)| DeviceRequestAllocationResult {
+                                    request: "gpu".into(),
+                                    driver: (*driver).into(),
+                                    pool: (*pool).into(),
+                                    device: (*device).into(),
+                                    ..Default::default()
+                                })
+                                .collect(),
+                        ),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                reserved_for: Some(vec![ResourceClaimConsumerReference {
+                    resource: "pods".into(),
+                    name: pod.into(),
+                    uid: "u".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let claims = vec![
+            claim(
+                "ml",
+                "trainer-0-gpu",
+                "trainer-0",
+                &[("gpu.nvidia.com", "node-1", "gpu-0")],
+            ),
+            claim(
+                "ml",
+                "big-gpu",
+                "big",
+                &[
+                    ("gpu.nvidia.com", "node-2", "gpu-0"),
+                    ("gpu.nvidia.com", "node-2", "gpu-1"),
+                    // Another driver's device is not a GPU of ours.
+                    ("net.example.com", "node-2", "nic-0"),
+                ],
+            ),
+            // Not allocated yet: nothing.
+            ResourceClaim::default(),
+        ];
+        let got = claim_devices(&claims);
+        assert_eq!(got.len(), 3, "{got:#?}");
+        let samples = parse_exposition(FIXTURE).unwrap();
+        let mut nodes = nodes(&samples);
+        add_claims_to_nodes(&mut nodes, &got);
+        let n = |name: &str| nodes.iter().find(|r| r.node == name).unwrap().claim_devices;
+        assert_eq!((n("node-1"), n("node-2")), (1, 2));
+        let mut pods = pods(&samples);
+        add_claims_to_pods(&mut pods, &got);
+        let trainer = pods.iter().find(|r| r.pod == "trainer-0").unwrap();
+        assert_eq!(trainer.claim_devices, vec!["trainer-0-gpu: gpu-0"]);
+        assert_eq!(trainer.container, "train");
+        let big = pods.iter().find(|r| r.pod == "big").unwrap();
+        assert_eq!(big.container, "-");
+        assert_eq!(big.claim_devices, vec!["big-gpu: gpu-0", "big-gpu: gpu-1"]);
+        let table = crate::render::nodes_table(&nodes);
+        assert!(table.contains("CLAIMED (DRA)"), "{table}");
+        assert!(crate::render::pods_table(&pods).contains("big-gpu: gpu-1"));
+        // Without claims the tables are as they were, and JSON has no claim fields.
+        let plain = super::nodes(&samples);
+        assert!(!crate::render::nodes_table(&plain).contains("CLAIMED"));
+        assert!(
+            !serde_json::to_string(&plain)
+                .unwrap()
+                .contains("claim_devices")
+        );
     }
 }

@@ -7,12 +7,15 @@
 //! - [`nfd_feature_file`] — the same labels as a Node Feature Discovery local feature file.
 //! - [`gpu_health`] — the `GPUHealthy` node condition and the `NoSchedule` taint from the GPUs
 //!   currently marked unhealthy (fatal XIDs, lost GPUs).
+//! - [`mig_strategy_condition`] — the `GPUMIGStrategyValid` node condition: whether the MIG
+//!   layout fits the MIG strategy (`single` with mixed profiles does not).
 #![forbid(unsafe_code)]
 
 mod error;
 mod gfd;
 mod health;
 mod keys;
+mod migstrategy;
 mod nfd;
 mod patch;
 mod product;
@@ -25,6 +28,9 @@ pub use health::{
     Taint, UnhealthyCause, UnhealthyDevice, gpu_health,
 };
 pub use keys::{RESOURCE_LABEL_SUFFIXES, owned_label_key};
+pub use migstrategy::{
+    MIG_LAYOUT_FITS, MIG_LAYOUT_INVALID, MIG_STRATEGY_CONDITION, mig_strategy_condition,
+};
 pub use nfd::{NFD_FEATURES_DIR, NFD_MAX_FILE_SIZE, nfd_feature_file};
 pub use patch::{LabelPatch, label_patch};
 pub use product::{MAX_LABEL_VALUE_LEN, family_label, product_label, sanitise};

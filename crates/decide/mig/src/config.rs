@@ -268,6 +268,39 @@ pub fn parse(text: &str, origin: &str) -> Result<MigPartedConfig, MigError> {
     parse_selecting(text, origin, None)
 }
 
+/// Reads a mig-parted config's text from `reader` (at most
+/// [`gpuops_yamlpos::MAX_CONFIG_BYTES`], UTF-8; a UTF-16 file or a binary one is named as such)
+/// and parses it as [`parse_selecting`] does.
+pub fn read_selecting(
+    reader: impl std::io::Read,
+    origin: &str,
+    configmap: Option<&str>,
+) -> Result<MigPartedConfig, MigError> {
+    let text = gpuops_yamlpos::read_text(
+        reader,
+        gpuops_yamlpos::MAX_CONFIG_BYTES,
+        "a mig-parted config",
+    )
+    .map_err(|e| {
+        let (line, column) = match e {
+            gpuops_yamlpos::YamlposError::NotUtf8 { line, column, .. } => {
+                (Some(line), Some(column))
+            }
+            _ => (None, None),
+        };
+        MigError::Invalid {
+            at: Position {
+                origin: origin.to_string(),
+                line,
+                column,
+            },
+            config: None,
+            message: e.to_string(),
+        }
+    })?;
+    parse_selecting(&text, origin, configmap)
+}
+
 /// [`parse`], taking the config from the ConfigMap whose `metadata.name` is `configmap` when
 /// given (an error lists the file's ConfigMaps and their lines when none has that name).
 pub fn parse_selecting(
@@ -559,6 +592,12 @@ struct Ctx<'a> {
     config: Option<String>,
 }
 
+/// The most MIG devices of one profile an entry may ask per GPU. No GPU has more than 7 slices
+/// (A100 to B200), so the planner, which knows the model, rejects any count above 7; this bound
+/// is only there so that no count reaches the planner's per-instance lists (a count of
+/// 4,000,000,000 would be a list of 4 billion instances), and leaves room for future models.
+pub const MAX_MIG_COUNT: u32 = 64;
+
 const TOP_KEYS: &[&str] = &["version", "mig-configs"];
 const ENTRY_KEYS: &[&str] = &["devices", "device-filter", "mig-enabled", "mig-devices"];
 
@@ -623,10 +662,17 @@ impl Ctx<'_> {
     fn yaml_err(&self, e: &serde_saphyr::Error) -> MigError {
         let loc = e.location().unwrap_or(Location::UNKNOWN);
         let (at, note) = self.position(&loc);
-        MigError::Yaml {
-            at,
-            message: clean_yaml_message(e) + note.as_deref().unwrap_or(""),
+        let problem = gpuops_yamlpos::explain(e, None, self.source);
+        let message = problem.message + note.as_deref().unwrap_or("");
+        if problem.size_limit {
+            // Well-formed, only too large: not "invalid YAML".
+            return MigError::Invalid {
+                at,
+                config: None,
+                message,
+            };
         }
+        MigError::Yaml { at, message }
     }
 
     /// The source text of a scalar, as written.
@@ -894,10 +940,17 @@ impl Ctx<'_> {
                     let Some(index) = index else {
                         return Err(self.invalid(
                             &item.referenced,
-                            format!(
-                                "a GPU index in devices must be a non-negative integer, got {}",
-                                self.describe(item)
-                            ),
+                            match &item.value {
+                                Node::Int(i) if *i > 0 => format!(
+                                    "a GPU index in devices must be at most {}, got {}",
+                                    u32::MAX,
+                                    self.describe(item)
+                                ),
+                                _ => format!(
+                                    "a GPU index in devices must be a non-negative integer, got {}",
+                                    self.describe(item)
+                                ),
+                            },
                         ));
                     };
                     if !list.contains(&index) {
@@ -982,7 +1035,7 @@ impl Ctx<'_> {
             })?;
             let canonical = profile.to_string();
             let count = match &v.value {
-                Node::Int(i) => u32::try_from(*i).ok(),
+                Node::Int(i) => u32::try_from(*i).ok().filter(|n| *n <= MAX_MIG_COUNT),
                 _ => None,
             };
             let Some(count) = count else {
@@ -992,14 +1045,25 @@ impl Ctx<'_> {
                     }
                     _ => String::new(),
                 };
-                return Err(self.invalid(
-                    &v.referenced,
+                let too_large = match &v.value {
+                    Node::Int(i) => *i > i128::from(MAX_MIG_COUNT),
+                    Node::Float(x) => *x > f64::from(MAX_MIG_COUNT),
+                    _ => false,
+                };
+                let message = if too_large {
+                    format!(
+                        "mig-devices count for {} must be at most {MAX_MIG_COUNT}, the limit per profile and GPU (no GPU has more than 7 MIG slices), got {}",
+                        quote(&name),
+                        self.describe(v)
+                    )
+                } else {
                     format!(
                         "mig-devices count for {} must be a non-negative integer, got {}{hint}",
                         quote(&name),
                         self.describe(v)
-                    ),
-                ));
+                    )
+                };
+                return Err(self.invalid(&v.referenced, message));
             };
             if let Some(first) = written.get(&canonical) {
                 return Err(self.invalid(
@@ -1028,30 +1092,6 @@ fn describe_counts(counts: &BTreeMap<String, u32>) -> String {
         .map(|(p, n)| format!("{n}x {p}"))
         .collect::<Vec<_>>()
         .join(" + ")
-}
-
-/// serde-saphyr's message without its own location suffix and library-specific advice.
-fn clean_yaml_message(e: &serde_saphyr::Error) -> String {
-    let mut msg = e.without_snippet().to_string();
-    if let Some(at) = msg.rfind(" at line ") {
-        let tail = &msg[at + " at line ".len()..];
-        let is_position = tail.split_once(", column ").is_some_and(|(l, c)| {
-            !l.is_empty()
-                && !c.is_empty()
-                && l.bytes().all(|b| b.is_ascii_digit())
-                && c.bytes().all(|b| b.is_ascii_digit())
-        });
-        if is_position {
-            msg.truncate(at);
-        }
-    }
-    if let Some(at) = msg.find(", set DuplicateKeyPolicy") {
-        msg.truncate(at);
-    }
-    if msg.starts_with("multiple YAML documents detected") {
-        msg = "more than one YAML document".into();
-    }
-    msg
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1275,5 +1315,77 @@ mod tests {
             Some("devices")
         );
         assert_eq!(closest("zzz", ENTRY_KEYS.iter().copied()), None);
+    }
+
+    #[test]
+    fn counts_over_the_limit_and_inputs_over_the_size_limit_are_named() {
+        let doc = |count: &str| {
+            format!(
+                "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": {count}\n"
+            )
+        };
+        for (count, want) in [
+            (
+                "4000000000",
+                "c.yaml:7:20: config a: mig-devices count for \"1g.10gb\" must be at most 64, the limit per profile and GPU (no GPU has more than 7 MIG slices), got 4000000000",
+            ),
+            (
+                "99999999999999999999999",
+                "c.yaml:7:20: config a: mig-devices count for \"1g.10gb\" must be at most 64, the limit per profile and GPU (no GPU has more than 7 MIG slices), got 99999999999999999999999",
+            ),
+            (
+                "65",
+                "c.yaml:7:20: config a: mig-devices count for \"1g.10gb\" must be at most 64",
+            ),
+        ] {
+            let e = parse(&doc(count), "c.yaml").unwrap_err().to_string();
+            assert!(e.starts_with(want), "{count}: {e}");
+        }
+        assert!(parse(&doc("64"), "c.yaml").is_ok());
+        let e = parse(
+            &doc("1").replace("devices: all", "devices: [99999999999]"),
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "c.yaml:4:17: config a: a GPU index in devices must be at most 4294967295, got 99999999999"
+        );
+        // Well-formed YAML over the reader's budget: a size limit, not "invalid YAML".
+        let many = format!(
+            "version: v1\nmig-configs:\n  a: [{}]\n",
+            vec!["{}"; 300_000].join(",")
+        );
+        let e = parse(&many, "c.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("the YAML is too large: it has more than") && !e.contains("invalid YAML"),
+            "{e}"
+        );
+        // Bytes: over the size limit, UTF-16, not UTF-8.
+        let big = format!("{}{}", doc("1"), "# pad\n".repeat(800_000));
+        let e = read_selecting(big.as_bytes(), "c.yaml", None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "c.yaml: the file is larger than 4 MiB (4194304 bytes), the size limit for a mig-parted config"
+        );
+        let utf16: Vec<u8> = doc("1").encode_utf16().flat_map(u16::to_le_bytes).collect();
+        let e = read_selecting(&utf16[..], "c.yaml", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("c.yaml: the file is UTF-16 (little-endian) text, not UTF-8"),
+            "{e}"
+        );
+        let e = read_selecting(&b"version: v1\n\x00\xFF\xFE\n"[..], "c.yaml", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("c.yaml:2:2: the file is not UTF-8 text"),
+            "{e}"
+        );
+        assert!(read_selecting(doc("1").as_bytes(), "c.yaml", None).is_ok());
     }
 }

@@ -67,12 +67,34 @@ pub struct HookLists {
 
 impl Hooks {
     /// Parses a hooks file; `origin` names it in errors.
+    /// Reads a hooks file's text from `reader` through the shared size and encoding check (at
+    /// most [`gpuops_yamlpos::MAX_CONFIG_BYTES`], UTF-8) and parses it as [`Hooks::parse`] does.
+    pub fn read(reader: impl std::io::Read, origin: &str) -> Result<Hooks, MigError> {
+        let text = gpuops_yamlpos::read_text(
+            reader,
+            gpuops_yamlpos::MAX_CONFIG_BYTES,
+            "a mig-parted hooks file",
+        )
+        .map_err(|e| MigError::Hooks {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        Hooks::parse(&text, origin)
+    }
+
     pub fn parse(text: &str, origin: &str) -> Result<Hooks, MigError> {
         let err = |message: String| MigError::Hooks {
             origin: origin.to_string(),
             message,
         };
-        let hooks: Hooks = serde_saphyr::from_str(text).map_err(|e| err(e.to_string()))?;
+        let hooks: Hooks = serde_saphyr::from_str(text).map_err(|e| {
+            let tree: Option<gpuops_yamlpos::SNode> = serde_saphyr::from_str(text).ok();
+            let p = gpuops_yamlpos::explain(&e, tree.as_ref(), text);
+            match (p.line, p.column) {
+                (Some(l), Some(c)) => err(format!("line {l} column {c}: {}", p.message)),
+                _ => err(p.message),
+            }
+        })?;
         if hooks.version != "v1" {
             return Err(err(format!(
                 "version {:?} is not supported (use v1)",
@@ -126,9 +148,20 @@ mod tests {
                 "version: v1\nhooks:\n  apply-start:\n    - command: ' '\n",
                 "empty command",
             ),
+            (
+                "version: v1\nhooks:\n  apply-start:\n    - command: /bin/true\n      args: 3\n",
+                "line 5 column 13: hooks.apply-start[0].args: 3: ",
+            ),
         ] {
             let e = Hooks::parse(bad, "h.yaml").unwrap_err().to_string();
             assert!(e.contains("h.yaml") && e.contains(needle), "{bad:?}: {e}");
         }
+        let utf16: Vec<u8> = text.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        let e = Hooks::read(&utf16[..], "h.yaml").unwrap_err().to_string();
+        assert!(
+            e.starts_with("hooks file h.yaml: the file is UTF-16 (little-endian) text"),
+            "{e}"
+        );
+        assert!(Hooks::read(text.as_bytes(), "h.yaml").is_ok());
     }
 }

@@ -26,12 +26,14 @@
 //! layouts can; right-packing alone lost 120, the best fixed per-profile order of starts 51. Same
 //! input, same output.
 //!
-//! Only the counts decide the compute-slice total and the per-profile maxima, so those are checked
+//! Only the counts decide the compute-slice total, the per-profile maxima and the engines the
+//! instances share (NVIDIA's rule: the sum of each engine type over the instances is at most the
+//! GPU's, so a GPU with one NVJPG and one OFA takes one `+me` instance), so those are checked
 //! once up front; the searches only have to avoid overlapping memory slices.
 
 use crate::layout::{Instance, Layout};
 use gpuops_catalog::{
-    GiProfile, GpuModel, MigGeometry, ProfileName, ProfileNameErrorKind, ci_sizes,
+    EngineCounts, GiProfile, GpuModel, MigGeometry, ProfileName, ProfileNameErrorKind, ci_sizes,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -103,6 +105,15 @@ pub enum Infeasible {
         available: u32,
         model: String,
     },
+    /// The instances need more engines of one type than the GPU has: media-extension (`+me`)
+    /// profiles each take an NVJPG and the OFA, so a GPU with one of each holds only one.
+    Engines {
+        wanted: String,
+        engine: String,
+        needed: u64,
+        available: u32,
+        model: String,
+    },
     /// The slice totals fit but no arrangement of placements does; `detail` says where the
     /// closest arrangement the search found got stuck.
     Placement {
@@ -164,6 +175,16 @@ impl std::fmt::Display for Infeasible {
             } => write!(
                 f,
                 "{wanted} needs {needed} of {available} compute slices on {model}"
+            ),
+            Infeasible::Engines {
+                wanted,
+                engine,
+                needed,
+                available,
+                model,
+            } => write!(
+                f,
+                "{wanted} needs {needed} of {available} {engine} engines on {model} (instances share the GPU's engines; each +me instance takes an NVJPG and an OFA)"
             ),
             Infeasible::Placement {
                 wanted,
@@ -458,6 +479,8 @@ impl Growth {
             placements: &placements,
             unit: &unit,
             per_profile: vec![0; profiles.len()],
+            engines: EngineCounts::default(),
+            budget: geometry.engine_budget(),
             found: Vec::new(),
         };
         all.walk(0, 0, 0, 0, 0);
@@ -532,12 +555,15 @@ impl Growth {
 }
 
 /// The enumeration of every valid layout of a geometry for [`Growth`]: no overlapping memory
-/// slices, each profile at most its maximum, compute slices within the GPU's.
+/// slices, each profile at most its maximum, compute slices and engines within the GPU's.
 struct Layouts<'a> {
     geometry: &'a MigGeometry,
     placements: &'a [(usize, u64)],
     unit: &'a [u64],
     per_profile: Vec<u32>,
+    /// The engines the placements chosen so far take, and the GPU's.
+    engines: EngineCounts,
+    budget: EngineCounts,
     /// (bit set, occupied memory slices, count vector number) of every valid layout.
     found: Vec<(u64, u64, u64)>,
 }
@@ -549,10 +575,13 @@ impl Layouts<'_> {
             return;
         };
         let gi = &self.geometry.gi_profiles[profile];
+        let with = self.engines.plus(gi.engines(), 1);
         if occupied & mask == 0
             && self.per_profile[profile] < gi.max_count
             && compute + gi.compute_slices <= self.geometry.compute_slices
+            && with.exceeds(&self.budget).is_none()
         {
+            let before = std::mem::replace(&mut self.engines, with);
             self.per_profile[profile] += 1;
             self.walk(
                 at + 1,
@@ -562,6 +591,7 @@ impl Layouts<'_> {
                 code + self.unit[profile],
             );
             self.per_profile[profile] -= 1;
+            self.engines = before;
         }
         self.walk(at + 1, set, occupied, compute, code);
     }
@@ -706,6 +736,21 @@ impl Demand {
                 wanted: described,
                 needed: compute,
                 available: geometry.compute_slices,
+                model: key,
+            });
+        }
+        // Engines are shared like slices: the driver refuses an instance whose engines are taken.
+        let engines = entries
+            .iter()
+            .fold(EngineCounts::default(), |sum, (_, gi, n)| {
+                sum.plus(gi.engines(), *n)
+            });
+        if let Some((engine, needed, available)) = engines.exceeds(&geometry.engine_budget()) {
+            return Err(Infeasible::Engines {
+                wanted: described,
+                engine: engine.to_string(),
+                needed: u64::from(needed),
+                available,
                 model: key,
             });
         }

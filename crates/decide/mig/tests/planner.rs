@@ -30,9 +30,18 @@ fn mig_models() -> impl Iterator<Item = &'static GpuModel> {
 }
 
 /// Independent validity check of a layout: names, compute-instance sizes, starts, overlap,
-/// compute slices and per-GI-profile maxima.
+/// compute slices, per-GI-profile maxima and engines (each type summed over the instances, at most
+/// the whole-GPU instance's).
 fn validate(model: &GpuModel, layout: &Layout) -> Result<(), String> {
     let geo = model.mig.as_ref().ok_or("no MIG")?;
+    let engines = |p: &GiProfile| [p.copy_engines, p.decoders, p.encoders, p.jpegs, p.ofas];
+    let mut have = [0u32; 5];
+    for p in geo.gi_profiles {
+        for (h, e) in have.iter_mut().zip(engines(p)) {
+            *h = (*h).max(e);
+        }
+    }
+    let mut used = [0u32; 5];
     let mut slot_owner: Vec<Option<&Instance>> = vec![None; geo.memory_slices as usize];
     let mut compute = 0;
     let mut per_gi: HashMap<&str, u32> = HashMap::new();
@@ -59,6 +68,9 @@ fn validate(model: &GpuModel, layout: &Layout) -> Result<(), String> {
             *cell = Some(inst);
         }
         compute += gi.compute_slices;
+        for (u, e) in used.iter_mut().zip(engines(gi)) {
+            *u += e;
+        }
         let n = per_gi.entry(gi.name).or_default();
         *n += 1;
         if *n > gi.max_count {
@@ -67,6 +79,9 @@ fn validate(model: &GpuModel, layout: &Layout) -> Result<(), String> {
     }
     if compute > geo.compute_slices {
         return Err(format!("{compute} compute slices"));
+    }
+    if used.iter().zip(&have).any(|(u, h)| u > h) {
+        return Err(format!("engines {used:?} of {have:?}"));
     }
     Ok(())
 }
@@ -526,7 +541,8 @@ const fn test_profile(
         placement_starts,
         memory_mib: 10240 * memory_slices as u64,
         sm_count: 16 * compute_slices,
-        copy_engines: 1,
+        // No engines, so that only slices and placements decide on this made-up part.
+        copy_engines: 0,
         decoders: 0,
         encoders: 0,
         jpegs: 0,
@@ -1088,4 +1104,139 @@ fn the_planners_own_layout_grows_into_the_most_supersets() {
         }
         println!("{key}: compared with {compared} other layouts");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine budgets: instances share the GPU's engines, so each type summed over a layout is at most
+// the GPU's. Media-extension (`+me`) profiles each take an NVJPG and an OFA.
+
+#[test]
+fn a30_takes_one_media_extension_instance() {
+    let m = model("A30");
+    let both = want(&[("1g.6gb+me", 1), ("2g.12gb+me", 1)]);
+    let err = check(m, &both).unwrap_err();
+    assert_eq!(
+        err,
+        Infeasible::Engines {
+            wanted: "1x 2g.12gb+me + 1x 1g.6gb+me".into(),
+            engine: "NVJPG".into(),
+            needed: 2,
+            available: 1,
+            model: "A30".into(),
+        }
+    );
+    assert!(
+        err.to_string()
+            .starts_with("1x 2g.12gb+me + 1x 1g.6gb+me needs 2 of 1 NVJPG engines on A30"),
+        "{err}"
+    );
+    // From a layout that holds one of them, the other is still refused, whatever is kept.
+    let from = layout(&[("2g.12gb+me", 0), ("1g.6gb", 2)]);
+    assert!(matches!(
+        plan(m, &both, &from),
+        Err(Infeasible::Engines { .. })
+    ));
+    // One +me beside plain profiles fits, each one in turn.
+    for wanted in [
+        want(&[("1g.6gb+me", 1), ("1g.6gb", 1), ("2g.12gb", 1)]),
+        want(&[("2g.12gb+me", 1), ("1g.6gb", 2)]),
+        want(&[("1c.2g.12gb+me", 1), ("2g.12gb", 1)]),
+    ] {
+        let t = check(m, &wanted).unwrap_or_else(|e| panic!("{wanted:?}: {e}"));
+        assert_eq!(t.counts(), wanted);
+    }
+    // A compute-instance variant of +me takes the engines of its GPU instance.
+    assert!(matches!(
+        check(m, &want(&[("1c.2g.12gb+me", 1), ("1g.6gb+me", 1)])),
+        Err(Infeasible::Engines { .. })
+    ));
+}
+
+#[test]
+fn a100_takes_one_media_extension_instance_beside_six_plain_ones() {
+    for key in ["A100-SXM4-40GB", "A100-SXM4-80GB"] {
+        let m = model(key);
+        let me = m
+            .mig
+            .as_ref()
+            .unwrap()
+            .gi_profiles
+            .iter()
+            .find(|p| p.name.ends_with("+me"))
+            .unwrap();
+        let plain = me.name.trim_end_matches("+me");
+        assert!(check(m, &want(&[(me.name, 2)])).is_err(), "{key}");
+        let t = check(m, &want(&[(me.name, 1), (plain, 6)])).unwrap();
+        assert_eq!(t.instances.len(), 7, "{key}");
+        // The whole-GPU instance owns the only NVJPG and OFA: no +me beside it is possible anyway
+        // (slices), and the budget is the 7g's.
+        let budget = m.mig.as_ref().unwrap().engine_budget();
+        assert_eq!((budget.jpegs, budget.ofas), (1, 1), "{key}");
+    }
+}
+
+#[test]
+fn h100_shares_seven_nvjpgs_and_one_ofa() {
+    let m = model("H100-SXM5-80GB");
+    let budget = m.mig.as_ref().unwrap().engine_budget();
+    assert_eq!((budget.decoders, budget.jpegs, budget.ofas), (7, 7, 1));
+    // Seven 1g each take an NVDEC and an NVJPG: exactly the GPU's seven.
+    check(m, &want(&[("1g.10gb", 7)])).unwrap();
+    check(m, &want(&[("1g.10gb+me", 1), ("1g.10gb", 6)])).unwrap();
+    check(
+        m,
+        &want(&[
+            ("1g.10gb+me", 1),
+            ("3g.40gb", 1),
+            ("2g.20gb", 1),
+            ("1g.10gb", 1),
+        ]),
+    )
+    .unwrap();
+    // The OFA is the one engine a second +me would need: the per-profile maximum already says so.
+    assert!(matches!(
+        check(m, &want(&[("1g.10gb+me", 2)])),
+        Err(Infeasible::TooMany { .. })
+    ));
+}
+
+#[test]
+fn no_catalog_layout_exceeds_an_engine_budget() {
+    // Every layout the planner accepts from empty, on every MIG model, sums each engine type to
+    // at most the GPU's: the growth table and the up-front check agree.
+    for m in mig_models() {
+        let geo = m.mig.as_ref().unwrap();
+        let budget = geo.engine_budget();
+        for gi in geo.gi_profiles {
+            for n in 1..=gi.max_count {
+                let wanted = want(&[(gi.name, n)]);
+                if let Ok(t) = check(m, &wanted) {
+                    let used = t
+                        .instances
+                        .iter()
+                        .fold(gpuops_catalog::EngineCounts::default(), |sum, i| {
+                            sum.plus(m.gi_profile(&i.gi_profile()).unwrap().engines(), 1)
+                        });
+                    assert_eq!(used.exceeds(&budget), None, "{} {t}", m.key);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mig_validate_fails_two_media_extension_instances_on_an_a30() {
+    let cfg = gpuops_mig::config::parse(
+        "version: v1\nmig-configs:\n  both-me:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.6gb+me\": 1\n        \"2g.12gb+me\": 1\n  one-me:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.6gb+me\": 1\n        \"2g.12gb\": 1\n",
+        "a30.yaml",
+    )
+    .unwrap();
+    let report = gpuops_mig::validate::check(&cfg, None, Some(model("A30"))).unwrap();
+    let text = report.text();
+    assert_eq!((report.ok, report.failed), (1, 1), "{text}");
+    assert!(
+        text.contains("FAIL  both-me entry 1")
+            && text.contains("needs 2 of 1 NVJPG engines on A30"),
+        "{text}"
+    );
 }

@@ -64,6 +64,12 @@ impl PodSpec {
     }
 }
 
+/// The most rows a trace may have. Every row becomes a pod or node the simulator keeps (and a
+/// replay keeps events per pod), so rows size memory; the largest public GPU cluster traces have
+/// about 8,000 pods (Alibaba's openb), so a million is far beyond any real trace while its model
+/// stays under a few GiB.
+pub const MAX_TRACE_ROWS: usize = 1_000_000;
+
 const NODE_REQUIRED: &[&str] = &["sn", "cpu_milli", "memory_mib", "gpu", "model"];
 const POD_REQUIRED: &[&str] = &["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"];
 const POD_OPTIONAL: &[&str] = &[
@@ -147,10 +153,15 @@ impl Row<'_, '_> {
     fn int(&self, name: &str) -> Result<u64> {
         let v = self.str(name);
         v.parse::<u64>().map_err(|_| {
+            let problem = if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+                format!("is more than {}, the largest value", u64::MAX)
+            } else {
+                "is not an integer".to_string()
+            };
             perr(
                 self.header.file,
                 self.line,
-                format!("column {name}: {v:?} is not an integer"),
+                format!("column {name}: {v:?} {problem}"),
             )
         })
     }
@@ -240,6 +251,15 @@ fn read_csv<'a>(
                             record.len(),
                             h.len(),
                             h.join(",")
+                        ),
+                    ));
+                }
+                if rows.len() == MAX_TRACE_ROWS {
+                    return Err(perr(
+                        file,
+                        line,
+                        format!(
+                            "more than {MAX_TRACE_ROWS} rows, the most a trace may have; split the trace"
                         ),
                     ));
                 }
@@ -348,10 +368,13 @@ pub fn parse_pods(file: &str, text: &str) -> Result<Vec<PodSpec>> {
 }
 
 fn read(path: &Path) -> Result<(String, String)> {
-    let text = std::fs::read_to_string(path).map_err(|e| PackingError::Io {
+    let io = |message: String| PackingError::Io {
         path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
+    let text = gpuops_yamlpos::read_text(file, gpuops_yamlpos::MAX_TRACE_BYTES, "a trace")
+        .map_err(|e| io(e.to_string()))?;
     let name = path.file_name().map_or_else(
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
@@ -563,5 +586,44 @@ mod tests {
     fn read_helper_reports_missing_file() {
         let e = read_pods_file(Path::new("/nonexistent/x.csv")).unwrap_err();
         assert!(matches!(e, PackingError::Io { .. }));
+    }
+
+    #[test]
+    fn traces_are_bounded_in_rows_and_bytes_and_name_too_large_values() {
+        let m = msg(pods(
+            "p,1,1,1,1000,,,,,,\np2,99999999999999999999,1,1,1000,,,,,,\n",
+        ));
+        assert_eq!(
+            m,
+            "openb_pod_list_x.csv:3: column cpu_milli: \"99999999999999999999\" is more than 18446744073709551615, the largest value"
+        );
+        let rows = "n,1,1,0,\n".repeat(MAX_TRACE_ROWS + 1);
+        let m = parse_nodes(
+            "n.csv",
+            &format!("sn,cpu_milli,memory_mib,gpu,model\n{rows}"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            m,
+            format!(
+                "n.csv:{}: more than 1000000 rows, the most a trace may have; split the trace",
+                MAX_TRACE_ROWS + 2
+            )
+        );
+        let dir = std::env::temp_dir().join(format!("gpuops-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("u16.csv");
+        let utf16: Vec<u8> = "sn,cpu_milli,memory_mib,gpu,model\n"
+            .encode_utf16()
+            .flat_map(u16::to_le_bytes)
+            .collect();
+        std::fs::write(&path, utf16).unwrap();
+        let m = read_nodes_file(&path).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            m.contains("u16.csv: the file is UTF-16 (little-endian) text, not UTF-8"),
+            "{m}"
+        );
     }
 }

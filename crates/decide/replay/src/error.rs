@@ -4,11 +4,13 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReplayError {
     /// The pools file is not valid YAML of the expected shape, or a value is unusable.
-    #[error("{file}:{line}: {message}")]
+    #[error("{file}:{line}{}: {message}", .column.map_or_else(String::new, |c| format!(":{c}")))]
     Pools {
         file: String,
         /// 1-based; 0 when the problem is not at one place.
         line: u64,
+        /// 1-based, when known (YAML syntax and type errors).
+        column: Option<u64>,
         message: String,
     },
     /// The pod trace cannot be read.

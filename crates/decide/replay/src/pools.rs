@@ -173,6 +173,7 @@ fn mig_layout(
     let at = |s: &dyn Fn() -> u64, m: String| ReplayError::Pools {
         file: file.to_string(),
         line: s(),
+        column: None,
         message: format!("pool {name:?}: {m}"),
     };
     Ok(match &p.mig_config {
@@ -223,12 +224,18 @@ pub fn parse_pools(file: &str, text: &str) -> Result<PoolsFile, ReplayError> {
     let err = |line: u64, message: String| ReplayError::Pools {
         file: file.to_string(),
         line,
+        column: None,
         message,
     };
     let raw: RawFile = serde_saphyr::from_str(text).map_err(|e| {
-        let line = e.location().map_or(0, |l| l.line());
-        // The library's message may repeat the position; ours leads with it.
-        err(line, e.to_string().lines().next().unwrap_or("").to_string())
+        let tree: Option<gpuops_yamlpos::SNode> = serde_saphyr::from_str(text).ok();
+        let p = gpuops_yamlpos::explain(&e, tree.as_ref(), text);
+        ReplayError::Pools {
+            file: file.to_string(),
+            line: p.line.unwrap_or(0),
+            column: p.column,
+            message: p.message,
+        }
     })?;
     let duration = |v: &Option<Spanned<String>>,
                     key: &str,
@@ -303,6 +310,21 @@ pub fn parse_pools(file: &str, text: &str) -> Result<PoolsFile, ReplayError> {
         }
         let min = p.min.as_ref().map_or(0, |m| m.value);
         let max = p.max.as_ref().map_or(1000, |m| m.value);
+        // The replay makes every node it buys, up to max: bounded like a cluster's pools.
+        let limit = gpuops_autoscale::pool::MAX_POOL_NODES;
+        if let Some(over) = [&p.min, &p.max]
+            .into_iter()
+            .flatten()
+            .find(|m| m.value > limit)
+        {
+            return Err(at(
+                &|| over.referenced.line(),
+                format!(
+                    "min/max {}: more than {limit}, the most nodes a pool may have (twice the 5,000 nodes Kubernetes supports per cluster); accepted: 0 to {limit}",
+                    over.value
+                ),
+            ));
+        }
         if max == 0 || min > max {
             return Err(at(
                 &|| p.max.as_ref().map_or(line, |m| m.referenced.line()),

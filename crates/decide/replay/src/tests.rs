@@ -254,6 +254,23 @@ fn bad_pools_files_name_the_file_the_line_and_the_problem() {
             "pools.yaml:3: pool \"b\": MIG pools must share one GPU model",
         ),
         ("pools: {a: 1}\n".into(), "pools.yaml:1:"),
+        // Issue 29: type errors name the key, the value and what is accepted, with the column.
+        (
+            "pools:\n  - {name: a, model: T4, gpus: many, cpu: 4, memory: 8Gi, price-per-hour: 1}\n".into(),
+            "pools.yaml:2:32: `pools[0].gpus`: \"many\" is not valid: expected a whole number from 0 to 4294967295",
+        ),
+        (
+            "pools:\n  - {name: a, model: T4, gpus: 1, cpu: 4, memory: 8Gi, price-per-hour: 1, max: 99999999999}\n".into(),
+            "pools.yaml:2:80: `pools[0].max`: 99999999999 is too large: at most 4294967295",
+        ),
+        (
+            "pools:\n  - {name: a, model: T4, gpus: 1, cpu: 4, memory: 8Gi, price-per-hour: 1, max: 4000000000}\n".into(),
+            "pools.yaml:2: pool \"a\": min/max 4000000000: more than 10000, the most nodes a pool may have",
+        ),
+        (
+            "pools:\n  - {name: a, model: T4, gpus: 1, cpu: 4, memory: 8Gi, price-per-hour: 1, min: 20000, max: 20000}\n".into(),
+            "min/max 20000: more than 10000",
+        ),
     ];
     for (text, want) in cases {
         let e = pools_err(&text);

@@ -21,6 +21,43 @@ pub const RESOURCE_PREFIX: &str = "nvidia.com";
 /// Longest fully qualified resource name NVIDIA accepts.
 pub const MAX_RESOURCE_NAME_LEN: usize = 63;
 
+/// Most time-slicing replicas per device (`replicas`, `DEVICE_SPLIT_COUNT`). Each replica is a
+/// device the kubelet is told about, so the count sizes the agent's memory and the device
+/// plugin's messages: 1,000,000,000 replicas asked 32 GB and aborted the agent. NVIDIA's plugin
+/// sets no bound; the kubelet runs at most 110 pods per node by default (`--max-pods`, a few
+/// hundred at most in practice), so more than 1024 replicas of one GPU can never all be used,
+/// while 16 GPUs x 7 MIG devices x 1024 replicas (115,000 devices) stays a few MiB.
+pub const MAX_TIME_SLICING_REPLICAS: i64 = 1024;
+/// Most MPS replicas per device: the MPS control daemon serves at most 48 clients per GPU
+/// (Volta and later; NVIDIA's MPS docs), so more replicas could never all run.
+pub const MAX_MPS_REPLICAS: i64 = 48;
+/// Most devices `devices: N` may select: no node has more than 16 GPUs of 7 MIG devices each.
+pub const MAX_DEVICES_COUNT: u64 = 1024;
+
+/// The replica limit of a sharing section (`sharing.timeSlicing` or `sharing.mps`).
+fn replicas_limit(section: &str) -> (i64, &'static str) {
+    if section.ends_with("mps") {
+        (
+            MAX_MPS_REPLICAS,
+            "the MPS control daemon serves at most 48 clients per GPU",
+        )
+    } else {
+        (
+            MAX_TIME_SLICING_REPLICAS,
+            "more than a node's pods could ever use",
+        )
+    }
+}
+
+/// `sharing.mps: nvidia.com/gpu: replicas 100 is more than 48 ...`: the message for a replica
+/// count over the limit, also for counts too large to read as a number.
+fn replicas_too_large(section: &str, name: &str, given: &str) -> String {
+    let (max, why) = replicas_limit(section);
+    format!(
+        "{section}: {name}: replicas {given} is more than {max}, the limit per device ({why}); accepted: 2 to {max}"
+    )
+}
+
 fn config_error(origin: &str, at: Option<Position>, problem: impl Into<String>) -> ResourcesError {
     ResourcesError::Config {
         origin: origin.to_string(),
@@ -110,6 +147,8 @@ pub struct UnknownKey {
     pub at: Option<Position>,
     /// The known key at the same place it is closest to (`migStrategy`), if one is close.
     pub did_you_mean: Option<&'static str>,
+    /// For a key inside a list item (`resources[]`), the item's index in its list.
+    pub item: Option<usize>,
 }
 
 impl UnknownKey {
@@ -508,8 +547,25 @@ impl<'de> Deserialize<'de> for ReplicatedDevices {
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
                 match u32::try_from(v) {
-                    Ok(n) if n > 0 => Ok(ReplicatedDevices::Count(n)),
-                    _ => Err(E::custom(format!("devices count {v}: must be at least 1"))),
+                    Ok(n) if n > 0 && u64::from(n) <= MAX_DEVICES_COUNT => {
+                        Ok(ReplicatedDevices::Count(n))
+                    }
+                    _ if v == 0 => Err(E::custom(format!(
+                        "devices count {v}: must be at least 1 (accepted: 1 to {MAX_DEVICES_COUNT}, \"all\" or a list)"
+                    ))),
+                    _ => Err(E::custom(format!(
+                        "devices count {v} is more than {MAX_DEVICES_COUNT}, the limit (no node has more than 16 GPUs of 7 MIG devices); accepted: 1 to {MAX_DEVICES_COUNT}, \"all\" or a list"
+                    ))),
+                }
+            }
+            fn visit_u128<E: de::Error>(self, v: u128) -> Result<Self::Value, E> {
+                self.visit_u64(u64::try_from(v).unwrap_or(u64::MAX))
+            }
+            fn visit_i128<E: de::Error>(self, v: i128) -> Result<Self::Value, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) if v > 0 => self.visit_u64(u64::MAX),
+                    Err(_) => Err(E::custom(format!("devices count {v}: must be at least 1"))),
                 }
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
@@ -694,7 +750,7 @@ impl UnknownKeyReport {
     }
 }
 
-fn collect_unknown(path: &str, node: &SNode, out: &mut Vec<UnknownKey>) {
+fn collect_unknown(path: &str, item: Option<usize>, node: &SNode, out: &mut Vec<UnknownKey>) {
     match &node.value {
         Node::Map(items) => {
             let Some((_, known)) = KNOWN.iter().find(|(p, _)| *p == path) else {
@@ -708,7 +764,7 @@ fn collect_unknown(path: &str, node: &SNode, out: &mut Vec<UnknownKey>) {
                     format!("{path}.{name}")
                 };
                 if known.contains(&name.as_str()) {
-                    collect_unknown(&child_path, child, out);
+                    collect_unknown(&child_path, None, child, out);
                 } else {
                     let loc = k.referenced;
                     out.push(UnknownKey {
@@ -718,13 +774,14 @@ fn collect_unknown(path: &str, node: &SNode, out: &mut Vec<UnknownKey>) {
                             column: loc.column(),
                         }),
                         did_you_mean: closest_key(&name, known),
+                        item,
                     });
                 }
             }
         }
         Node::Seq(items) => {
-            for item in items {
-                collect_unknown(&format!("{path}[]"), item, out);
+            for (i, item) in items.iter().enumerate() {
+                collect_unknown(&format!("{path}[]"), Some(i), item, out);
             }
         }
         _ => {}
@@ -753,25 +810,99 @@ fn closest_key(word: &str, known: &[&'static str]) -> Option<&'static str> {
     }
 }
 
-/// Turns a serde-saphyr error into ours, keeping its line and column.
-fn syntax_error(origin: &str, e: &serde_saphyr::Error) -> ResourcesError {
-    let rendered = e.to_string();
-    let first = rendered.lines().next().unwrap_or_default();
-    let mut msg = first.strip_prefix("error: ").unwrap_or(first).to_string();
-    let at = e.location().filter(|l| l.line() > 0).map(|l| Position {
-        line: l.line(),
-        column: l.column(),
+/// Turns a serde-saphyr error into ours, keeping its line and column; `raw` (the same text read
+/// untyped) lets a type error name the key and the value.
+fn syntax_error(
+    origin: &str,
+    e: &serde_saphyr::Error,
+    raw: Option<&SNode>,
+    text: &str,
+) -> ResourcesError {
+    let p = gpuops_yamlpos::explain(e, raw, text);
+    let at = p.line.map(|line| Position {
+        line,
+        column: p.column.unwrap_or(0),
     });
-    if let Some(p) = at {
-        let prefix = format!("line {} column {}: ", p.line, p.column);
-        if let Some(rest) = msg.strip_prefix(&prefix) {
-            msg = rest.to_string();
+    // A replica count that is not a number, or too large for its type, gets the limits of
+    // replicas rather than those of the Rust type.
+    if let (Some(raw), Some(pos)) = (raw, at)
+        && let Some(found) = gpuops_yamlpos::find_at(raw, pos.line, pos.column)
+        && let Some(value) = gpuops_yamlpos::scalar_at(text, pos.line, pos.column)
+        && let Some((section, _)) = found.path.split_once(".resources[")
+        && found.path.ends_with("].replicas")
+    {
+        let name = found
+            .path
+            .strip_suffix(".replicas")
+            .and_then(|item| {
+                let (_, entry) = raw_entry(raw, item)?;
+                let name = gpuops_yamlpos::map_get(entry, "name")?
+                    .1
+                    .value
+                    .scalar_text()?;
+                Some(qualify_resource_name(&name).unwrap_or(name))
+            })
+            .unwrap_or_else(|| "?".to_string());
+        if value.parse::<u128>().is_ok() {
+            return config_error(origin, at, replicas_too_large(section, &name, &value));
+        }
+        let (max, _) = replicas_limit(section);
+        return config_error(
+            origin,
+            at,
+            format!(
+                "{section}: {name}: replicas {value:?} is not a whole number; accepted: 2 to {max}"
+            ),
+        );
+    }
+    config_error(origin, at, p.message)
+}
+
+/// The node at a dotted path with list indices (`sharing.mps.resources[0]`).
+fn raw_entry<'n>(root: &'n SNode, path: &str) -> Option<(String, &'n SNode)> {
+    let mut node = root;
+    for part in path.split('.') {
+        let (key, index) = match part.split_once('[') {
+            Some((k, rest)) => (k, rest.strip_suffix(']')?.parse::<usize>().ok()),
+            None => (part, None),
+        };
+        node = gpuops_yamlpos::map_get(node, key)?.1;
+        if let Some(i) = index {
+            let Node::Seq(items) = &node.value else {
+                return None;
+            };
+            node = items.get(i)?;
         }
     }
-    config_error(origin, at, msg)
+    Some((path.to_string(), node))
+}
+
+/// A config file's bytes that are not text we read (too large, UTF-16, not UTF-8), placed at
+/// the line and column when known.
+fn input_error(origin: &str, e: &gpuops_yamlpos::YamlposError) -> ResourcesError {
+    let at = match e {
+        gpuops_yamlpos::YamlposError::NotUtf8 { line, column, .. } => Some(Position {
+            line: *line,
+            column: *column,
+        }),
+        _ => None,
+    };
+    config_error(origin, at, e.to_string())
 }
 
 impl Config {
+    /// Reads a config file's text from `reader` (at most
+    /// [`gpuops_yamlpos::MAX_CONFIG_BYTES`], UTF-8) and parses it as [`Config::parse`] does.
+    pub fn read(reader: impl std::io::Read, origin: &str) -> Result<Config, ResourcesError> {
+        let text = gpuops_yamlpos::read_text(
+            reader,
+            gpuops_yamlpos::MAX_CONFIG_BYTES,
+            "a device plugin config",
+        )
+        .map_err(|e| input_error(origin, &e))?;
+        Config::parse(&text, origin)
+    }
+
     /// Parses and validates a config file (YAML or JSON). `origin` names the file in errors. A
     /// file with nothing in it (empty, blanks or comments only) is an error naming the file: a
     /// config file that says nothing is a mount or templating mistake, not a wish for defaults.
@@ -786,13 +917,15 @@ impl Config {
         if text.trim().is_empty() {
             return Err(empty());
         }
-        let raw: SNode = serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e))?;
+        let raw: SNode =
+            serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e, None, text))?;
         if matches!(raw.value, Node::Null) {
             return Err(empty());
         }
-        let mut cfg: Config = serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e))?;
+        let mut cfg: Config =
+            serde_saphyr::from_str(text).map_err(|e| syntax_error(origin, &e, Some(&raw), text))?;
         // A second, untyped pass to list the fields NVIDIA's newer versions may have and we ignore.
-        collect_unknown("", &raw, &mut cfg.unknown_keys);
+        collect_unknown("", None, &raw, &mut cfg.unknown_keys);
         cfg.unknown_fields = cfg.unknown_keys.iter().map(|k| k.path.clone()).collect();
         cfg.validate(origin)?;
         Ok(cfg)
@@ -825,7 +958,7 @@ impl Config {
                     format!("{section}: no resources specified"),
                 ));
             }
-            for res in &r.resources {
+            for (index, res) in r.resources.iter().enumerate() {
                 let name = qualify_resource_name(&res.name.value)
                     .map_err(|p| config_error(origin, res.name.at, format!("{section}: {p}")))?;
                 if let Some(rename) = &res.rename {
@@ -833,12 +966,31 @@ impl Config {
                         config_error(origin, rename.at, format!("{section}: rename: {p}"))
                     })?;
                 }
+                let (max, _) = replicas_limit(section);
                 match res.replicas.value {
                     None => {
+                        // A misspelt `replicas` is why it is missing: point at the misspelling.
+                        let typo = self.unknown_keys.iter().find(|k| {
+                            k.item == Some(index)
+                                && k.did_you_mean == Some("replicas")
+                                && k.path.starts_with(&format!("{section}.resources[]."))
+                        });
+                        if let Some(k) = typo {
+                            let key = k.path.rsplit_once('.').map_or(k.path.as_str(), |(_, k)| k);
+                            let line =
+                                k.at.map_or_else(String::new, |p| format!(" at line {}", p.line));
+                            return Err(config_error(
+                                origin,
+                                k.at.or(res.name.at),
+                                format!(
+                                    "{section}: {name}: unknown key `{key}`{line} (did you mean `replicas`?); replicas is required (2 to {max})"
+                                ),
+                            ));
+                        }
                         return Err(config_error(
                             origin,
                             res.name.at,
-                            format!("{section}: {name}: replicas is required"),
+                            format!("{section}: {name}: replicas is required (2 to {max})"),
                         ));
                     }
                     Some(n) if n < 2 => {
@@ -848,11 +1000,11 @@ impl Config {
                             format!("{section}: {name}: replicas must be >= 2 (got {n})"),
                         ));
                     }
-                    Some(n) if u32::try_from(n).is_err() => {
+                    Some(n) if n > max => {
                         return Err(config_error(
                             origin,
                             res.replicas.at,
-                            format!("{section}: {name}: replicas {n} is too large"),
+                            replicas_too_large(section, &name, &n.to_string()),
                         ));
                     }
                     Some(_) => {}
@@ -1132,11 +1284,19 @@ impl Overrides {
                 self.device_discovery_strategy = Some(parse_enum(v, "auto, nvml, tegra")?);
             }
             "DEVICE_SPLIT_COUNT" => {
-                let n: u32 = v
-                    .parse()
-                    .map_err(|_| ResourcesError::NotWholeNumber(v.to_string()))?;
+                // Digits too many for a u32 are a count over the limit, not "not a number".
+                let n: u32 = match v.parse::<u128>() {
+                    Ok(n) => u32::try_from(n).unwrap_or(u32::MAX),
+                    Err(_) => return Err(ResourcesError::NotWholeNumber(v.to_string())),
+                };
                 if n == 0 {
                     return Err(ResourcesError::SplitCountZero);
+                }
+                if i64::from(n) > MAX_TIME_SLICING_REPLICAS {
+                    return Err(ResourcesError::SplitCountTooLarge {
+                        given: v.to_string(),
+                        max: MAX_TIME_SLICING_REPLICAS,
+                    });
                 }
                 self.device_split_count = Some(n);
             }
@@ -1571,6 +1731,145 @@ sharing:
                 "{text:?}: got {err:?}, want {place:?} .. {problem:?}"
             );
         }
+    }
+
+    #[test]
+    fn counts_that_size_memory_are_bounded_and_named_with_their_limit() {
+        let ts = |body: &str| format!("sharing:\n  timeSlicing:\n    resources:\n{body}");
+        let mps = |body: &str| format!("sharing:\n  mps:\n    resources:\n{body}");
+        let over = "sharing.timeSlicing: nvidia.com/gpu: replicas";
+        let cases: Vec<(String, &str, String)> = vec![
+            (
+                ts("      - name: gpu\n        replicas: 1000000000\n"),
+                "t.yaml:5:19",
+                format!("{over} 1000000000 is more than 1024, the limit per device (more than a node's pods could ever use); accepted: 2 to 1024"),
+            ),
+            (
+                ts("      - name: gpu\n        replicas: 99999999999999999999999\n"),
+                "t.yaml:5:19",
+                format!("{over} 99999999999999999999999 is more than 1024"),
+            ),
+            (
+                ts("      - {name: gpu, replicas: 18446744073709551616}\n"),
+                "t.yaml:4:",
+                format!("{over} 18446744073709551616 is more than 1024"),
+            ),
+            (
+                mps("      - name: gpu\n        replicas: 49\n"),
+                "t.yaml:5:19",
+                "sharing.mps: nvidia.com/gpu: replicas 49 is more than 48, the limit per device (the MPS control daemon serves at most 48 clients per GPU); accepted: 2 to 48".into(),
+            ),
+            (
+                ts("      - name: gpu\n        devices: 99999999999\n        replicas: 2\n"),
+                "t.yaml:5:18",
+                "devices count 99999999999 is more than 1024, the limit".into(),
+            ),
+            (
+                ts("      - name: gpu\n        devices: 1025\n        replicas: 2\n"),
+                "t.yaml:5:18",
+                "accepted: 1 to 1024, \"all\" or a list".into(),
+            ),
+        ];
+        for (text, place, problem) in cases {
+            let err = Config::parse(&text, "t.yaml").unwrap_err().to_string();
+            assert!(
+                err.starts_with(place) && err.contains(&problem),
+                "{text:?}: got {err:?}, want {place:?} .. {problem:?}"
+            );
+        }
+        // The limits themselves are accepted.
+        for text in [
+            ts("      - name: gpu\n        replicas: 1024\n        devices: 1024\n"),
+            mps("      - name: gpu\n        replicas: 48\n"),
+        ] {
+            Config::parse(&text, "t.yaml").unwrap();
+        }
+        let e = Overrides::from_env([("DEVICE_SPLIT_COUNT", "1000000000")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("1000000000 is more than 1024, the most time-slicing replicas per GPU"),
+            "{e}"
+        );
+        let e = Overrides::from_env([("DEVICE_SPLIT_COUNT", "99999999999999999999")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is more than 1024"), "{e}");
+        assert_eq!(
+            env(&[("DEVICE_SPLIT_COUNT", "1024")]).device_split_count,
+            Some(1024)
+        );
+    }
+
+    #[test]
+    fn parse_errors_name_the_key_the_value_and_what_is_accepted() {
+        let ts = |body: &str| format!("sharing:\n  timeSlicing:\n    resources:\n{body}");
+        let cases: Vec<(String, &str, &str)> = vec![
+            (
+                ts("      - name: gpu\n        replicas: abc\n"),
+                "t.yaml:5:19: ",
+                "sharing.timeSlicing: nvidia.com/gpu: replicas \"abc\" is not a whole number; accepted: 2 to 1024",
+            ),
+            (
+                ts("      - name: gpu\n        replica: 4\n"),
+                "t.yaml:5:9: ",
+                "sharing.timeSlicing: nvidia.com/gpu: unknown key `replica` at line 5 (did you mean `replicas`?); replicas is required (2 to 1024)",
+            ),
+            (
+                ts("      - name: a\n        replicas: 2\n      - replica: 4\n        name: b\n"),
+                "t.yaml:6:9: ",
+                "nvidia.com/b: unknown key `replica` at line 6 (did you mean `replicas`?)",
+            ),
+            (
+                "flags:\n  failOnInitError: maybe\n".into(),
+                "t.yaml:2:20: ",
+                "`flags.failOnInitError`: \"maybe\" is not valid: expected true or false",
+            ),
+        ];
+        for (text, place, problem) in cases {
+            let err = Config::parse(&text, "t.yaml").unwrap_err().to_string();
+            assert!(
+                err.starts_with(place) && err.contains(problem),
+                "{text:?}: got {err:?}, want {place:?} .. {problem:?}"
+            );
+            assert!(!err.contains("invalid i64"), "{err}");
+        }
+        // A typo of another key than replicas still names replicas as the missing one.
+        let err = Config::parse(&ts("      - name: gpu\n        devics: 2\n"), "t.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("replicas is required"), "{err}");
+    }
+
+    #[test]
+    fn files_that_are_not_utf8_text_or_too_large_say_so_once() {
+        let mut utf16 = vec![0xFF, 0xFE];
+        for u in "version: v1\n".encode_utf16() {
+            utf16.extend(u.to_le_bytes());
+        }
+        let e = Config::read(&utf16[..], "c.yaml").unwrap_err().to_string();
+        assert!(
+            e.starts_with("c.yaml: the file is UTF-16 (little-endian) text (it starts with a byte order mark), not UTF-8"),
+            "{e}"
+        );
+        let e = Config::read(&b"version: v1\nflags: \xFF\x00\x01\n"[..], "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("c.yaml:2:8: the file is not UTF-8 text: byte 0xFF"),
+            "{e}"
+        );
+        assert_eq!(e.matches("UTF-8 text").count(), 1, "{e}");
+        // 50 MB of valid YAML: a size limit, named with the limit.
+        let big = format!("version: v1\n{}", "# padding\n".repeat(5_000_000));
+        let e = Config::read(big.as_bytes(), "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "c.yaml: the file is larger than 4 MiB (4194304 bytes), the size limit for a device plugin config"
+        );
+        assert!(Config::read(&b"version: v1\n"[..], "c.yaml").is_ok());
     }
 
     fn env(pairs: &[(&str, &str)]) -> Overrides {

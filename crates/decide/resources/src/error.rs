@@ -83,6 +83,10 @@ pub enum ResourcesError {
     NotWholeNumber(String),
     #[error("must be at least 1 (1 = no sharing)")]
     SplitCountZero,
+    #[error(
+        "{given} is more than {max}, the most time-slicing replicas per GPU; accepted: 1 (no sharing) to {max}"
+    )]
+    SplitCountTooLarge { given: String, max: i64 },
     #[error("{var}: {given:?} is not an XID number (or all/xids)")]
     NotAnXid { var: &'static str, given: String },
     /// A device plugin flag with a value it cannot take.

@@ -252,4 +252,37 @@ mod tests {
         t.record(&policy, 1, None, None, 48, 14_000);
         assert!(!t.expire(&policy, 18_000));
     }
+
+    /// Where gpuops deliberately differs from NVIDIA's device plugin (docs/compatibility.md): an
+    /// XID for the whole GPU marks every MIG device on it (NVIDIA's health.go keeps one device
+    /// per parent UUID, the last registered, and marks that one), an XID naming an instance marks
+    /// that instance only (NVIDIA's marks nothing unless it is that kept device), and nothing on
+    /// another GPU is touched (NVIDIA's marks every device when the event wait fails).
+    #[test]
+    fn a_whole_gpu_xid_marks_all_its_mig_devices_and_only_them() {
+        let policy = HealthPolicy::from_env(None, None, 5_000).unwrap();
+        let mut t = HealthTracker::default();
+        assert!(t.record(&policy, 2, None, None, 79, 1_000));
+        let mut rs = vec![resource(vec![
+            device("MIG-1-7", 1, Some((7, 0))),
+            device("MIG-2-7", 2, Some((7, 0))),
+            device("MIG-2-8", 2, Some((8, 0))),
+            device("MIG-2-9", 2, Some((9, 1))),
+            device("MIG-3-7", 3, Some((7, 0))),
+        ])];
+        t.apply(&mut rs);
+        let health: Vec<bool> = rs[0].devices.iter().map(|d| d.health_ok).collect();
+        assert_eq!(health, vec![true, false, false, false, true]);
+
+        let mut t = HealthTracker::default();
+        assert!(t.record(&policy, 2, Some(8), Some(0), 48, 1_000));
+        let mut rs = vec![resource(vec![
+            device("MIG-2-7", 2, Some((7, 0))),
+            device("MIG-2-8", 2, Some((8, 0))),
+            device("MIG-2-9", 2, Some((9, 1))),
+        ])];
+        t.apply(&mut rs);
+        let health: Vec<bool> = rs[0].devices.iter().map(|d| d.health_ok).collect();
+        assert_eq!(health, vec![true, false, true]);
+    }
 }

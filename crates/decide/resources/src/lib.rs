@@ -27,7 +27,9 @@ pub use config::{
     MigStrategy, Overrides, Selection, SharingStrategy, UnknownKey, UnknownKeyReport, select_named,
 };
 pub use error::ResourcesError;
-pub use model::{Backing, Device, MigBacking, Resource, resources};
+pub use model::{
+    Backing, Device, MigBacking, Resource, is_invalid_mig_layout, mig_strategy_check, resources,
+};
 pub use preferred::preferred_allocation;
 
 /// Hand-built inventories and configs for the unit tests.

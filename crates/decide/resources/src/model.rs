@@ -256,6 +256,25 @@ impl Sharing {
     }
 }
 
+/// Whether the GPUs' MIG layout fits the MIG strategy: `single` needs every GPU in one MIG mode,
+/// no MIG-enabled GPU without MIG devices, and one profile node-wide. The error says what does
+/// not fit; see [`is_invalid_mig_layout`].
+pub fn mig_strategy_check(inv: &Inventory, strategy: MigStrategy) -> Result<(), ResourcesError> {
+    base_devices(inv, strategy).map(|_| ())
+}
+
+/// Whether `e` says the node's MIG layout does not fit the strategy (a state of the GPUs that a
+/// repartition or another strategy fixes), not that the config or the inventory is wrong. GFD
+/// labels such a node `<product>-MIG-INVALID` and keeps running; so does the agent.
+pub fn is_invalid_mig_layout(e: &ResourcesError) -> bool {
+    matches!(
+        e,
+        ResourcesError::MixedMigModes { .. }
+            | ResourcesError::MultipleMigProfiles { .. }
+            | ResourcesError::NoMigDevices { .. }
+    )
+}
+
 /// The resources `inv`'s GPUs become under `cfg`, ordered by name. Resources with no devices are
 /// left out. Unhealthy GPUs' devices are present with `health_ok: false`.
 pub fn resources(inv: &Inventory, cfg: &Config) -> Result<Vec<Resource>, ResourcesError> {
@@ -498,6 +517,35 @@ mod tests {
             let err = resources(&i, &single).unwrap_err().to_string();
             assert!(err.contains(want), "{err}");
         }
+    }
+
+    /// The layouts single cannot serve are told apart from config errors: the agent keeps
+    /// running on them (advertising nothing), as GFD keeps labelling them `-MIG-INVALID`.
+    #[test]
+    fn invalid_single_layouts_are_classified_and_checked_alone() {
+        let single = cfg("flags: {migStrategy: single}");
+        let mixed_profiles = inv(vec![
+            mig_gpu(0, &["1g.10gb"]),
+            mig_gpu(1, &["2g.20gb", "1g.10gb"]),
+        ]);
+        for i in [
+            mixed_profiles.clone(),
+            inv(vec![mig_gpu(0, &["1g.10gb"]), gpu(1)]),
+            inv(vec![mig_gpu(0, &["1g.10gb"]), mig_gpu(1, &[])]),
+        ] {
+            let err = mig_strategy_check(&i, MigStrategy::Single).unwrap_err();
+            assert!(is_invalid_mig_layout(&err), "{err}");
+            let via_resources = resources(&i, &single).unwrap_err();
+            assert!(is_invalid_mig_layout(&via_resources));
+        }
+        // The same layouts fit mixed, and one profile fits single.
+        mig_strategy_check(&mixed_profiles, MigStrategy::Mixed).unwrap();
+        mig_strategy_check(&mixed_profiles, MigStrategy::None).unwrap();
+        mig_strategy_check(&inv(vec![mig_gpu(0, &["1g.10gb"])]), MigStrategy::Single).unwrap();
+        // A bad resource name is a config error, not a layout.
+        let bad =
+            ResourcesError::InvalidName(Box::new(ResourcesError::NoMigDevices { gpus: vec![0] }));
+        assert!(!is_invalid_mig_layout(&bad));
     }
 
     #[test]

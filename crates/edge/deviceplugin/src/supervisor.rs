@@ -61,7 +61,7 @@ pub async fn serve_reporting(
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
     let mut waiting_logged = false;
     let mut dir_events = watch_dir(&plugin_dir);
-    loop {
+    'serve: loop {
         let current = feed.borrow().clone();
         let kubelet = socket_identity(&plugin_dir.join(KUBELET_SOCKET));
         if kubelet.is_none() && !waiting_logged {
@@ -107,7 +107,14 @@ pub async fn serve_reporting(
                 && r.registered_with != Some(k)
                 && r.backoff.due(k, std::time::Instant::now())
             {
-                match register(&plugin_dir, &resource.name, &resource.socket_name).await {
+                // A kubelet that accepts and does not answer holds a registration for up to its
+                // timeouts (15 s); shutdown does not wait for it.
+                let registration = tokio::select! {
+                    biased;
+                    _ = shutdown.wait_for(|s| *s) => break 'serve,
+                    r = register(&plugin_dir, &resource.name, &resource.socket_name) => r,
+                };
+                match registration {
                     Ok(()) => {
                         tracing::info!(resource = %resource.name, socket = %socket.display(), "registered with the kubelet");
                         r.registered_with = Some(k);

@@ -136,6 +136,49 @@ fn one_gpu() -> gpuops_deviceplugin::Published {
     }
 }
 
+/// A kubelet that accepts connections on `kubelet.sock` and never answers (hung, or stopped in
+/// a debugger); the receiver gets one message per accepted connection.
+fn hung_kubelet(
+    dir: &std::path::Path,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
+    let listener = tokio::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+            let _ = tx.send(());
+        }
+    });
+    (task, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_for_a_registration_the_kubelet_never_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kubelet, mut accepted) = hung_kubelet(dir.path());
+    let (_feed_tx, feed) = watch::channel(Arc::new(one_gpu()));
+    let (stop_tx, stop) = watch::channel(false);
+    let plugin = tokio::spawn(gpuops_deviceplugin::serve(
+        dir.path().to_path_buf(),
+        feed,
+        stop,
+    ));
+    // The supervisor is now inside Register, which gives up only after 5 + 10 s.
+    accepted.recv().await.unwrap();
+    stop_tx.send(true).unwrap();
+    // Stopping the resource's own server is bounded by 2 s; the registration must add nothing.
+    tokio::time::timeout(Duration::from_secs(3), plugin)
+        .await
+        .expect("shutdown waited for the unanswered registration")
+        .unwrap()
+        .unwrap();
+    kubelet.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_registration_is_retried_with_growing_waits() {
     let dir = tempfile::tempdir().unwrap();

@@ -148,27 +148,27 @@ pub fn read_config(
         path: file.to_string(),
         error,
     };
-    let (text, origin) = if file == "-" {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(read)?;
-        (text, "<stdin>")
-    } else {
-        (std::fs::read_to_string(file).map_err(read)?, file)
-    };
-    Ok(gpuops_mig::config::parse_selecting(
-        &text, origin, configmap,
-    )?)
+    // Size and encoding are checked while reading, so a huge or UTF-16 file gets its message.
+    if file == "-" {
+        return Ok(gpuops_mig::config::read_selecting(
+            std::io::stdin().lock(),
+            "<stdin>",
+            configmap,
+        )?);
+    }
+    let opened = std::fs::File::open(file).map_err(read)?;
+    Ok(gpuops_mig::config::read_selecting(opened, file, configmap)?)
 }
 
 /// Reads and checks a mig-parted hooks file.
 pub fn read_hooks(path: &Path) -> Result<Hooks, ExecError> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|error| ExecError::Read {
+    let file = std::fs::File::open(path).map_err(|error| ExecError::Read {
         what: "hooks file",
         path: origin.clone(),
         error,
     })?;
-    Ok(Hooks::parse(&text, &origin)?)
+    Ok(Hooks::read(file, &origin)?)
 }
 
 fn nvml(what: String) -> impl FnOnce(NvmlError) -> ExecError {

@@ -85,12 +85,14 @@ impl Http {
     /// GETs `url` and returns the body of a 2xx answer as text (decoded whole, so a chunk
     /// boundary inside a UTF-8 character is no problem).
     pub async fn get(&self, url: &str) -> Result<String> {
-        let mut parsed = reqwest::Url::parse(url)
-            .map_err(|e| ObserveError::Http(format!("{url}: not a URL: {e}")))?;
+        let mut parsed = reqwest::Url::parse(url).map_err(|source| ObserveError::Url {
+            url: url.to_string(),
+            source,
+        })?;
         if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(ObserveError::Http(format!(
-                "{url}: only http:// and https:// URLs are supported"
-            )));
+            return Err(ObserveError::Scheme {
+                url: url.to_string(),
+            });
         }
         // Credentials in the URL become basic auth, and never appear in messages.
         let mut auth = self.auth.clone();
@@ -106,37 +108,29 @@ impl Http {
             Auth::Bearer(t) => req.bearer_auth(t),
             Auth::Basic(u, p) => req.basic_auth(u, p),
         };
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ObserveError::Http(format!("{shown}: {}", chain(&e))))?;
+        let resp = req.send().await.map_err(|source| ObserveError::Get {
+            url: shown.clone(),
+            source,
+        })?;
         let status = resp.status();
-        let body = resp.text().await.map_err(|e| {
-            ObserveError::Http(format!("{shown}: reading the answer: {}", chain(&e)))
+        let body = resp.text().await.map_err(|source| ObserveError::Read {
+            url: shown.clone(),
+            source,
         })?;
         if !status.is_success() {
-            return Err(ObserveError::Http(format!(
-                "{shown}: HTTP {status}: {}",
-                body.chars().take(300).collect::<String>().trim()
-            )));
+            return Err(ObserveError::Status {
+                url: shown,
+                status,
+                body: body
+                    .chars()
+                    .take(300)
+                    .collect::<String>()
+                    .trim()
+                    .to_string(),
+            });
         }
         Ok(body)
     }
-}
-
-/// An error with its causes (`connection refused` is usually a source of a source).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let t = s.to_string();
-        if !out.contains(&t) {
-            out.push_str(": ");
-            out.push_str(&t);
-        }
-        cur = s.source();
-    }
-    out
 }
 
 /// Undoes the URL's percent-encoding of a user name or password.
@@ -197,6 +191,32 @@ mod tests {
             String::from_utf8_lossy(&got).into_owned()
         });
         (url, h)
+    }
+
+    #[test]
+    fn failed_gets_are_typed_with_their_cause_and_say_it_once() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{port}/metrics");
+        let http = Http::new(&HttpOptions::default(), false).unwrap();
+        let refused = rt().block_on(http.get(&url)).unwrap_err();
+        match &refused {
+            ObserveError::Get { url: shown, source } => {
+                assert_eq!(shown, &url);
+                assert!(source.is_connect(), "{source}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The display carries the cause; the chain does not repeat it.
+        assert_eq!(crate::error::chain(&refused), refused.to_string());
+        let bad = rt().block_on(http.get("not a url")).unwrap_err();
+        assert!(matches!(bad, ObserveError::Url { .. }), "{bad:?}");
+        assert!(std::error::Error::source(&bad).is_some());
+        assert_eq!(crate::error::chain(&bad), bad.to_string());
+        let ftp = rt().block_on(http.get("ftp://x/y")).unwrap_err();
+        assert!(matches!(ftp, ObserveError::Scheme { .. }), "{ftp:?}");
     }
 
     fn rt() -> tokio::runtime::Runtime {

@@ -1,8 +1,11 @@
 //! Reads what the doctor and top diagnose: cluster objects, agents' and Prometheus's metrics.
 
 mod cluster;
+mod controllers;
+pub mod dra;
 mod error;
 mod http;
+pub mod migrate;
 mod snapshot;
 mod sources;
 

@@ -38,6 +38,13 @@ pub async fn snapshot(
     .await?;
     let mut from = Vec::new();
     let mut unread = cluster.unread;
+    let (controllers, failed) = crate::controllers::read(client, &cluster.events).await;
+    if !failed.is_empty() {
+        unread.push(format!(
+            "controllers named by events: {}",
+            failed.join("; ")
+        ));
+    }
     let logs = if options.logs > 0 {
         let (l, failed) = crate::logs(client, &cluster.pods, options.logs, options.log_lines).await;
         if !l.is_empty() {
@@ -56,6 +63,10 @@ pub async fn snapshot(
     } else {
         Vec::new()
     };
+    let dra = crate::dra::read(client, &cluster.pods).await;
+    if let Some(why) = &dra.unread {
+        unread.push(format!("DRA objects: {why}"));
+    }
     let metrics = crate::collect(&options.metrics, Some(client), options.averaged).await?;
     from.extend(metrics.from);
     unread.extend(metrics.unread);
@@ -68,6 +79,8 @@ pub async fn snapshot(
             utilization_window: metrics.utilization_window,
             logs,
             quotas: cluster.quotas,
+            controllers,
+            dra,
             all_pods: cluster.all_pods,
             now: Timestamp::now(),
         },

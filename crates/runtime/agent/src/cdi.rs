@@ -191,9 +191,9 @@ pub fn update_ldcache(
     folders: &[String],
     ldconfig: &Path,
 ) -> Result<(), AgentError> {
-    let root = cdi::hook_rootfs(oci_state, |p| std::fs::read_to_string(p))
-        .map_err(|e| AgentError::CdiHook(e.to_string()))?;
-    let conf = cdi::ldcache_conf(folders).map_err(|e| AgentError::CdiHook(e.to_string()))?;
+    let root =
+        cdi::hook_rootfs(oci_state, |p| std::fs::read_to_string(p)).map_err(AgentError::CdiHook)?;
+    let conf = cdi::ldcache_conf(folders).map_err(AgentError::CdiHook)?;
     // The hook runs as root before the container's root is pivoted to: a link in the image
     // (etc -> /etc) would make it write on the host.
     let mut at = root.clone();

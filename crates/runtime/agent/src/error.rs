@@ -59,6 +59,7 @@ pub enum AgentError {
     /// Flags that only work together.
     #[error("{0}")]
     Flags(&'static str),
+    /// The flag's value, as the user gave it.
     #[error("--mig-config-configmap {0:?}: expected NAMESPACE/NAME")]
     ConfigMapFlag(String),
     /// NVML cannot be loaded and the agent may not run without it.
@@ -73,9 +74,30 @@ pub enum AgentError {
         missing: Vec<PathBuf>,
         errors: Vec<gpuops_nvml::NvmlError>,
     },
-    /// DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS; the text is gpuops-resources'.
-    #[error("{0}")]
-    HealthPolicy(String),
+    /// DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS as gpuops-resources rejected them.
+    #[error(transparent)]
+    HealthPolicy(gpuops_resources::ResourcesError),
+
+    // The DRA driver.
+    /// One claim's prepare or unprepare failed; the kubelet shows this text on the pod.
+    #[error("claim {claim}: {message}")]
+    DraClaim { claim: String, message: String },
+    /// A claim's allocated device is not among the node's devices now (MIG changed, GPU lost).
+    #[error("device {name} ({uuid}) is not on this node now")]
+    DraDeviceGone { name: String, uuid: String },
+    /// The kubelet plugin or its checkpoint.
+    #[error("DRA: {0}")]
+    DraPlugin(gpuops_draplugin::DraPluginError),
+    /// DRA reads claims and writes ResourceSlices through the API server.
+    #[error(
+        "DRA needs the Kubernetes side (--kubernetes): claims and ResourceSlices live in the API server"
+    )]
+    DraNeedsKubernetes,
+    /// The device plugin and DRA would both advertise this node's GPUs.
+    #[error(
+        "--dra serves this node's GPUs through DRA, and the device plugin would advertise the same GPUs again: add --no-device-plugin (chart: devicePlugin.enabled=false, or dra.nodeSelector for the pools that use DRA)"
+    )]
+    DraWithDevicePlugin,
 
     // The CDI spec and its hook.
     /// A problem with the CDI spec, at the agent's start.
@@ -100,9 +122,9 @@ pub enum AgentError {
     CdiSerialize(serde_json::Error),
     #[error("CDI: writing the CDI spec: {0}")]
     CdiWrite(gpuops_atomicfile::AtomicWriteError),
-    /// The OCI state or the folders the ldcache hook was given; the text is gpuops-resources'.
-    #[error("{0}")]
-    CdiHook(String),
+    /// The OCI state or the folders the ldcache hook was given, as gpuops-resources rejected them.
+    #[error(transparent)]
+    CdiHook(gpuops_resources::ResourcesError),
     #[error("{} is a symlink in the container's image; not writing through it", .0.display())]
     CdiHookSymlink(PathBuf),
     #[error("{error}: {}", error.source)]
@@ -125,9 +147,18 @@ pub enum AgentError {
     /// A MIG config gpuops-mig rejected for this node's GPUs.
     #[error(transparent)]
     MigConfig(#[from] gpuops_mig::MigError),
-    /// The node names a MIG config that cannot be used; the text is the node reconciler's.
-    #[error("{0}")]
-    MigConfigBroken(String),
+    /// The MIG config file the node's config is read from cannot be read.
+    #[error("MIG config file {}: {error}", path.display())]
+    MigConfigRead {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The MIG config file does not have the config the node names.
+    #[error("{}: {error}", file.display())]
+    MigConfigIn {
+        file: PathBuf,
+        error: Box<gpuops_mig::MigError>,
+    },
 
     // The MIG flow.
     /// Reading, planning or applying a MIG config (gpuops-migexec).
@@ -189,10 +220,12 @@ impl AgentError {
         use AgentError::*;
         match self {
             MigExec(e) => e.category(),
-            MigConfig(_) | MigConfigBroken(_) => Category::Config,
+            MigConfig(_) | MigConfigRead { .. } | MigConfigIn { .. } => Category::Config,
             Kube(_)
             | MigDeadline { .. }
             | MigDrain { .. }
+            | DraClaim { .. }
+            | DraDeviceGone { .. }
             | MigTask(_)
             | PodResourcesConnect(_)
             | PodResourcesList(_)
@@ -214,6 +247,9 @@ impl AgentError {
             | ConfigMapFlag(_)
             | NvmlRequired(_)
             | HealthPolicy(_)
+            | DraPlugin(_)
+            | DraNeedsKubernetes
+            | DraWithDevicePlugin
             | Cdi(_)
             | DriverRoot { .. }
             | DriverRootNotDir { .. }
@@ -247,6 +283,47 @@ pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use super::*;
     use gpuops_migexec::ExecError;
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn settings_and_mig_files_the_agent_cannot_use_keep_their_cause_typed_and_their_text() {
+        let rejected = gpuops_resources::health::HealthPolicy::from_env(Some("x"), None, 0)
+            .unwrap_err()
+            .to_string();
+        let e = crate::prepare::health_policy(
+            |k| (k == "DP_DISABLE_HEALTHCHECKS").then(|| "x".to_string()),
+            Duration::ZERO,
+        )
+        .unwrap_err();
+        assert!(matches!(e, AgentError::HealthPolicy(_)), "{e:?}");
+        assert_eq!(e.to_string(), rejected);
+        let hook = crate::update_ldcache("{}", &[], std::path::Path::new("/bin/true")).unwrap_err();
+        assert!(matches!(hook, AgentError::CdiHook(_)), "{hook:?}");
+        let missing = AgentError::MigConfigIn {
+            file: "mig.yaml".into(),
+            error: Box::new(gpuops_mig::MigError::UnknownConfig {
+                name: "all-9g".into(),
+                known: vec!["all-1g.10gb".into()],
+            }),
+        };
+        assert!(
+            missing
+                .to_string()
+                .starts_with("mig.yaml: no MIG config named \"all-9g\""),
+            "{missing}"
+        );
+        let unreadable = AgentError::MigConfigRead {
+            path: "/etc/mig.yaml".into(),
+            error: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(
+            unreadable.to_string(),
+            "MIG config file /etc/mig.yaml: entity not found"
+        );
+        for e in [missing, unreadable, e, hook] {
+            assert_eq!(e.category(), Category::Config, "{e}");
+        }
+    }
 
     #[test]
     fn the_mig_flow_retries_waits_for_a_new_config_or_reports_the_node_by_category() {

@@ -86,7 +86,13 @@ pub(crate) fn spawn(
             let collection = now.collection.filter(|c| Some(*c) != last_collection);
             if collection.is_some() {
                 last_collection = collection;
-                exporter.refresh_pods().await;
+                // A kubelet that does not answer holds this for up to POD_RESOURCES_TIMEOUT;
+                // shutdown does not wait for it.
+                let refreshed =
+                    gpuops_kube::runtime::until_stopped(exporter.refresh_pods(), &stop).await;
+                if refreshed.is_none() {
+                    return;
+                }
             }
             exporter.stats.nvml_errors = now.nvml_errors;
             exporter.publish(&now, collection);
@@ -333,4 +339,46 @@ pub(crate) async fn serve(
     }
     let _ = stop.changed().await;
     watchdog.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::hung::Hung;
+
+    fn state() -> NodeState {
+        NodeState {
+            inventory: Arc::new(gpuops_inventory::Inventory::default()),
+            health: gpuops_resources::health::HealthTracker::default(),
+            xids: gpuops_metrics::XidCounters::default(),
+            collection: Some(Instant::now()),
+            nvml_errors: 0,
+            nvml_loaded: true,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kubelet_that_never_answers_does_not_hold_shutdown_up() {
+        let kubelet = Hung::unix();
+        let (_state_tx, state_rx) = watch::channel(Arc::new(state()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (_served, task) = spawn(
+            "node-1",
+            HostnameLabel::Lower,
+            Some(kubelet.socket()),
+            state_rx,
+            stop_rx,
+        );
+        // The collection is now waiting on PodResources, which will not answer.
+        kubelet.accepted().await;
+        let asked = Instant::now();
+        stop_tx.send(true).unwrap();
+        // Without the stop signal the task would end only at POD_RESOURCES_TIMEOUT (3 s).
+        tokio::time::timeout(POD_RESOURCES_TIMEOUT / 3, task)
+            .await
+            .expect("the exporter stops in the middle of a hung PodResources call")
+            .unwrap();
+        assert!(asked.elapsed() < POD_RESOURCES_TIMEOUT / 3);
+    }
 }

@@ -41,13 +41,13 @@ impl ConfigSource {
                     .config,
             ),
             (Some(path), None) => {
-                let text =
-                    std::fs::read_to_string(path).map_err(|error| AgentError::ReadConfigFile {
+                let file =
+                    std::fs::File::open(path).map_err(|error| AgentError::ReadConfigFile {
                         path: path.clone(),
                         error,
                     })?;
                 let origin = path.display().to_string();
-                let parsed = Config::parse(&text, &origin)?;
+                let parsed = Config::read(file, &origin)?;
                 Some(crate::config_warnings::note(&origin, parsed))
             }
             (None, None) => None,
@@ -58,6 +58,11 @@ impl ConfigSource {
 
 /// What the device plugins advertise for an inventory; a model error advertises nothing (unless
 /// FAIL_ON_INIT_ERROR, then it is returned), so the agent keeps running.
+///
+/// A MIG layout the strategy cannot serve (single with mixed profiles) is a state of the GPUs,
+/// not a failure to start: it advertises nothing whatever FAIL_ON_INIT_ERROR says, so the agent
+/// keeps running (as GFD does, labelling `-MIG-INVALID`) and recovers when the layout changes,
+/// instead of crash-looping in its DaemonSet. The node condition says why.
 pub fn publish(
     inv: &Inventory,
     config: &Config,
@@ -68,6 +73,10 @@ pub fn publish(
         Ok(mut r) => {
             health.apply(&mut r);
             r
+        }
+        Err(e) if gpuops_resources::is_invalid_mig_layout(&e) => {
+            tracing::error!(error = %e, "device plugin: {e}; advertising nothing until the MIG layout or the strategy changes");
+            Vec::new()
         }
         Err(e) if config.fail_on_init_error() => return Err(e),
         Err(e) => {
@@ -233,5 +242,77 @@ impl Feed {
             }
             Err(e) => tracing::error!(error = %e, "device plugin: {e}; keeping the last resources"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuops_inventory::{Gpu, MigDevice};
+
+    fn mig_gpu(index: u32, profiles: &[&str]) -> Gpu {
+        let mut g = Gpu {
+            index,
+            uuid: format!("GPU-{index}"),
+            ..Gpu::default()
+        };
+        g.mig.capable = true;
+        g.mig.current_enabled = true;
+        g.mig_devices = profiles
+            .iter()
+            .enumerate()
+            .map(|(i, p)| MigDevice {
+                index: i as u32,
+                uuid: format!("MIG-{index}-{i}"),
+                profile: (*p).into(),
+                ..MigDevice::default()
+            })
+            .collect();
+        g
+    }
+
+    fn config(yaml: &str) -> Config {
+        Config::effective(
+            Some(Config::parse(yaml, "test").unwrap()),
+            &Overrides::default(),
+            &Overrides::default(),
+        )
+        .unwrap()
+    }
+
+    /// Single with mixed profiles: GFD keeps running and labels `-MIG-INVALID`; the agent keeps
+    /// running too (FAIL_ON_INIT_ERROR or not) and advertises nothing, rather than exiting.
+    #[test]
+    fn an_invalid_single_layout_advertises_nothing_and_is_never_fatal() {
+        let inv = Inventory {
+            gpus: vec![
+                mig_gpu(0, &["3g.40gb", "2g.20gb"]),
+                mig_gpu(1, &["1g.10gb"]),
+            ],
+            ..Inventory::default()
+        };
+        let host = Arc::new(HostDevices::default());
+        let health = HealthTracker::default();
+        for flags in ["failOnInitError: true", "failOnInitError: false"] {
+            let cfg = config(&format!("flags: {{migStrategy: single, {flags}}}"));
+            let p = publish(&inv, &cfg, &health, &host).unwrap();
+            assert!(p.resources.is_empty(), "{flags}: {:?}", p.resources);
+        }
+        // The same layout under mixed advertises both profiles.
+        let p = publish(&inv, &config("flags: {migStrategy: mixed}"), &health, &host).unwrap();
+        assert_eq!(p.resources.len(), 3, "{}", describe_resources(&p));
+        // A fatal error that is not about the layout still stops a FAIL_ON_INIT_ERROR agent.
+        let bad = config(
+            "flags: {failOnInitError: true}\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 2}, {name: nvidia.com/gpu, replicas: 3}]\n",
+        );
+        let whole = Inventory {
+            gpus: vec![Gpu {
+                index: 0,
+                uuid: "GPU-0".into(),
+                ..Gpu::default()
+            }],
+            ..Inventory::default()
+        };
+        assert!(publish(&whole, &bad, &health, &host).is_err());
     }
 }

@@ -16,14 +16,18 @@
 mod cdi;
 mod changes;
 mod config_warnings;
+mod dra;
 mod error;
 mod exporter;
 mod feed;
+#[cfg(test)]
+mod hung;
 mod mig;
 mod named;
 mod node;
 mod podresources;
 pub mod prepare;
+mod regproxy;
 mod snapshot;
 mod startup;
 mod state;
@@ -31,9 +35,16 @@ mod xid;
 
 pub use cdi::{CdiConfig, GenerateRoots, generate_inputs, probe_driver, update_ldcache};
 pub use changes::{Change, changes};
+pub use dra::{
+    Allocated, CLAIM_CDI_KIND, DraConfig, allocated_here, check_flags as check_dra_flags,
+    claim_cdi_id, claim_spec, claim_spec_path, desired_slices,
+};
 pub use error::AgentError;
 pub use exporter::Served;
 pub use feed::{ConfigSource, publish};
+/// What the DRA driver's flags configure, re-exported so the binary needs no crate of its own for them.
+pub use gpuops_dra::Options as DraOptions;
+pub use gpuops_draplugin::{DRIVER_NAME as DRA_DRIVER_NAME, PluginConfig as DraPluginConfig};
 pub use mig::{FlowConfig, REASON_ANNOTATION, SINCE_ANNOTATION, STATE_LABEL};
 pub use named::{LABEL as DEVICE_PLUGIN_CONFIG_LABEL, NamedConfigs, load_dir};
 pub use node::{FEATURE_MANAGER, HEALTH_MANAGER, MIG_MANAGER, NodeOptions, StartupOptions};
@@ -79,6 +90,8 @@ pub struct AgentConfig {
     pub sysfs_root: PathBuf,
     /// Where and how the agent writes its CDI spec; `None`: it writes none.
     pub cdi: Option<CdiConfig>,
+    /// Serve the GPUs as DRA driver `gpu.nvidia.com` (needs `kube`); `None`: no DRA.
+    pub dra: Option<DraConfig>,
 }
 
 /// The exporter.
@@ -170,17 +183,20 @@ impl Agent {
 
         let mut writer = None;
         let mut resync = Duration::from_secs(300);
+        let mut kube_client = None;
         if let Some(k) = &config.kube {
             let client = k.client.client().await?;
+            kube_client = Some((client.clone(), k.client.request_timeout));
             if let Some((ns, name)) = k.mig.as_ref().and_then(|m| m.configmap.clone()) {
                 let (tx, rx) = watch::channel(None);
                 let ns_owned = ns.clone();
                 let c = client.clone();
                 tasks.push((
                     "MIG ConfigMap watch",
-                    tokio::spawn(async move {
-                        gpuops_kube::watch_configmap(c, &ns_owned, name, tx).await;
-                    }),
+                    spawn_until_stopped(
+                        async move { gpuops_kube::watch_configmap(c, &ns_owned, name, tx).await },
+                        &stop_rx,
+                    ),
                 ));
                 if let Some(file) = k.mig.as_ref().map(|m| m.config_file.clone()) {
                     tasks.push((
@@ -194,7 +210,10 @@ impl Agent {
             let name = config.node_name.clone();
             tasks.push((
                 "node watch",
-                tokio::spawn(gpuops_kube::watch_node(watch_client, name, node_tx)),
+                spawn_until_stopped(
+                    gpuops_kube::watch_node(watch_client, name, node_tx),
+                    &stop_rx,
+                ),
             ));
             writer = Some(gpuops_kube::NodeWriter::new(
                 client,
@@ -210,6 +229,58 @@ impl Agent {
             let host = Arc::new(config.host_devices.clone());
             let task = cdi::spawn(c, host, state_rx.clone(), stop_rx.clone())?;
             tasks.push(("CDI spec", task));
+        }
+        if let Some(d) = config.dra {
+            let Some((client, timeout)) = kube_client.clone() else {
+                return Err(AgentError::DraNeedsKubernetes);
+            };
+            let publisher = gpuops_kube::SlicePublisher::new(
+                client.clone(),
+                &config.node_name,
+                &d.plugin.driver,
+                timeout,
+            );
+            tasks.push((
+                "DRA ResourceSlices",
+                tokio::spawn(dra::publish_slices(
+                    publisher,
+                    config.node_name.clone(),
+                    d.options,
+                    d.resync,
+                    state_rx.clone(),
+                    stop_rx.clone(),
+                )),
+            ));
+            // The kubelet's registration requests reach the plugin through the proxy (regproxy
+            // says why); the plugin's own registration socket sits in its private directory.
+            let kubelet_registration = d.plugin.registration_socket();
+            let mut plugin = d.plugin.clone();
+            plugin.registry_dir = plugin.plugin_dir.join("registration");
+            tasks.push((
+                "DRA registration proxy",
+                tokio::spawn(regproxy::serve(
+                    kubelet_registration,
+                    plugin.registration_socket(),
+                    stop_rx.clone(),
+                )),
+            ));
+            let preparer = Arc::new(dra::Preparer::new(
+                client,
+                &config.node_name,
+                d,
+                state_rx.clone(),
+                Arc::new(config.host_devices.clone()),
+                timeout,
+            )?);
+            let stop = stop_rx.clone();
+            tasks.push((
+                "DRA kubelet plugin",
+                tokio::spawn(async move {
+                    if let Err(e) = gpuops_draplugin::serve(plugin, preparer, stop).await {
+                        tracing::error!(error = %e, "DRA kubelet plugin stopped: {e}");
+                    }
+                }),
+            ));
         }
         let (config_rx, published_rx, feed_task) = feed::spawn(
             config.config,
@@ -339,5 +410,42 @@ impl Agent {
             let _ = tokio::time::timeout(Duration::from_secs(1), joined).await;
         }
         Ok(())
+    }
+}
+
+/// Runs `job` on its own task until it ends or `stop` turns true. For the watches: they end only
+/// when every receiver of their channel is gone, and this function's caller holds one until the
+/// end, so without the stop signal each would hold shutdown up for the whole drain.
+fn spawn_until_stopped(
+    job: impl Future<Output = ()> + Send + 'static,
+    stop: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        gpuops_kube::runtime::until_stopped(job, &stop).await;
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn the_node_watch_gives_way_to_shutdown_while_the_api_server_does_not_answer() {
+        let (api, client) = hung::Hung::api_server().await;
+        let (node_tx, _node_rx) = watch::channel(None);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = spawn_until_stopped(
+            gpuops_kube::watch_node(client, "node-1".into(), node_tx),
+            &stop_rx,
+        );
+        api.accepted().await;
+        stop_tx.send(true).unwrap();
+        // The agent's whole drain is DRAIN; the watch must not be what uses it up.
+        tokio::time::timeout(DRAIN / 2, task)
+            .await
+            .expect("the node watch stops while its list is unanswered")
+            .unwrap();
     }
 }

@@ -244,7 +244,16 @@ pub(crate) async fn run(
                 }
             };
             if changed && due && !waiting {
-                match flow.attempt(name, &text).await {
+                // An attempt waits on pods to leave (up to the drain timeout), the driver (up to
+                // the deadline) and the kubelet; shutdown does not wait for it. A check or apply
+                // dropped here is cancelled before its next driver call, and the checkpoint lets
+                // the next agent converge.
+                let Some(attempted) =
+                    gpuops_kube::runtime::until_stopped(flow.attempt(name, &text), &stop).await
+                else {
+                    return;
+                };
+                match attempted {
                     Ok(()) => {
                         done = Some((name.clone(), text));
                         failures = 0;
@@ -278,8 +287,15 @@ pub(crate) async fn run(
             retry = Retry::Now;
             failures = 0;
         }
-        flow.publish_layout(done.as_ref().map(|(n, _)| n.as_str()))
-            .await;
+        // Asks the kubelet which pods hold devices (up to its timeout).
+        let published = gpuops_kube::runtime::until_stopped(
+            flow.publish_layout(done.as_ref().map(|(n, _)| n.as_str())),
+            &stop,
+        )
+        .await;
+        if published.is_none() {
+            return;
+        }
         // Without the node's labels (API unreachable) the resources come back after a while:
         // waiting for the apiserver must not keep the GPUs from pods.
         if first && (node_labels.is_some() || started.elapsed() > Duration::from_secs(30)) {
@@ -805,6 +821,43 @@ mod tests {
             pod_socket: None,
             configmap: None,
         }
+    }
+
+    #[tokio::test]
+    #[allow(clippy::unwrap_used, clippy::expect_used)]
+    async fn a_kubelet_that_never_answers_does_not_hold_shutdown_up() {
+        let kubelet = crate::hung::Hung::unix();
+        let (_api, client) = crate::hung::Hung::api_server().await;
+        let writer = NodeWriter::new(client, "node-1", "gpuops-agent", Duration::from_secs(300));
+        let cfg = FlowConfig {
+            pod_socket: Some(kubelet.socket()),
+            ..flow_config()
+        };
+        let state = NodeState {
+            inventory: Arc::new(Inventory::default()),
+            health: gpuops_resources::health::HealthTracker::default(),
+            xids: gpuops_metrics::XidCounters::default(),
+            collection: Some(Instant::now()),
+            nvml_errors: 0,
+            nvml_loaded: true,
+        };
+        let (_gpus_tx, gpus_rx) = watch::channel(None);
+        let (_node_tx, node_rx) = watch::channel(None);
+        let (_state_tx, state_rx) = watch::channel(Arc::new(state));
+        let (busy_tx, _busy_rx) = watch::channel(true);
+        let (report_tx, _report_rx) = watch::channel(None);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(run(
+            cfg, gpus_rx, writer, node_rx, state_rx, busy_tx, report_tx, stop_rx,
+        ));
+        // The first round publishes the layout, which asks PodResources who holds the GPUs.
+        kubelet.accepted().await;
+        stop_tx.send(true).unwrap();
+        // Without the stop signal the flow would wait for the kubelet's 10 s timeout.
+        tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .expect("the MIG flow stops in the middle of a hung PodResources call")
+            .unwrap();
     }
 
     #[test]

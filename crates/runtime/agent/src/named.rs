@@ -35,14 +35,14 @@ pub fn load_dir(dir: &Path) -> Result<NamedConfigs, AgentError> {
             .find_map(|ext| file.strip_suffix(&format!(".{ext}")))
             .unwrap_or(file)
             .to_string();
-        let text = std::fs::read_to_string(&path).map_err(|error| {
+        let file = std::fs::File::open(&path).map_err(|error| {
             AgentError::Config(Box::new(AgentError::ReadNamedConfig {
                 path: path.clone(),
                 error,
             }))
         })?;
         let origin = path.display().to_string();
-        let config = Config::parse(&text, &origin)
+        let config = Config::read(file, &origin)
             .map_err(|e| AgentError::Config(Box::new(AgentError::Resources(e))))?;
         configs.insert(name, crate::config_warnings::note(&origin, config));
     }

@@ -11,7 +11,7 @@ use crate::mig::MigReport;
 use crate::startup::{MigWanted, Readiness, StartupTaint};
 use crate::state::NodeState;
 use gpuops_kube::{KubeError, NodeWriter, TaintWanted, now_secs, rfc3339};
-use gpuops_labels::{GPU_HEALTH_ANNOTATION, HealthDecision, NodeCondition};
+use gpuops_labels::{ConditionStatus, GPU_HEALTH_ANNOTATION, HealthDecision, NodeCondition};
 use gpuops_resources::config::Config;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
@@ -27,6 +27,8 @@ pub const FEATURE_MANAGER: &str = "gpuops-agent-labels";
 pub const MIG_MANAGER: &str = "gpuops-agent-mig";
 /// Field manager of the `GPUHealthy` condition and the health annotation.
 pub const HEALTH_MANAGER: &str = "gpuops-agent-health";
+/// Field manager of the `GPUMIGStrategyValid` condition.
+pub const MIG_STRATEGY_MANAGER: &str = "gpuops-agent-mig-strategy";
 /// Changes whenever the labels are written; ignored when comparing.
 const TIMESTAMP_LABEL: &str = "nvidia.com/gfd.timestamp";
 
@@ -111,7 +113,17 @@ pub(crate) async fn run(
         let now_state = state.borrow_and_update().clone();
         let now_config = config.borrow_and_update().clone();
         let now_mig = mig.borrow_and_update().clone();
-        match r.reconcile(&now_state, &now_config, now_mig.as_ref()).await {
+        // A pass awaits the API server (each request up to its timeout); shutdown does not
+        // wait for it, and what it left half-written is repaired by the next agent's pass.
+        let Some(passed) = gpuops_kube::runtime::until_stopped(
+            r.reconcile(&now_state, &now_config, now_mig.as_ref()),
+            &stop,
+        )
+        .await
+        else {
+            return;
+        };
+        match passed {
             Ok(()) => {
                 if failing.take().is_some() {
                     tracing::info!(
@@ -267,6 +279,8 @@ impl Reconciler {
                 );
             }
         }
+        self.mig_strategy_condition(state, config, heartbeat_due)
+            .await?;
         if self.opts.health.taint_enabled {
             let wanted = wanted_taint(&decision);
             let node = self.observed().await?;
@@ -298,6 +312,67 @@ impl Reconciler {
 }
 
 impl Reconciler {
+    /// The `GPUMIGStrategyValid` condition: whether the MIG layout fits the strategy (single with
+    /// mixed profiles does not: nothing is advertised and GFD's labels say `-MIG-INVALID`). Its
+    /// own field manager, so the `GPUHealthy` condition is untouched; a Warning event when it turns
+    /// False and a Normal one when it recovers, for `kubectl describe node`.
+    async fn mig_strategy_condition(
+        &mut self,
+        state: &NodeState,
+        config: &Config,
+        heartbeat_due: bool,
+    ) -> Result<(), KubeError> {
+        let desired = gpuops_labels::mig_strategy_condition(&state.inventory, config);
+        let node = self.observed().await?;
+        let observed = observed_condition(&node, &desired.type_);
+        let was_false = observed.is_some_and(|c| c.status == ConditionStatus::False.as_str());
+        let changed = observed.is_none_or(|c| {
+            c.status != desired.status.as_str()
+                || c.reason.as_deref() != Some(desired.reason.as_str())
+        });
+        let Some(condition) =
+            condition_to_write(&desired, observed, heartbeat_due, &rfc3339(now_secs()))
+        else {
+            return Ok(());
+        };
+        let written = self
+            .writer
+            .apply_condition(MIG_STRATEGY_MANAGER, condition)
+            .await?;
+        self.written(written);
+        if !changed {
+            return Ok(());
+        }
+        let invalid = desired.status == ConditionStatus::False;
+        tracing::info!(
+            node = self.writer.name(),
+            condition = %desired.type_,
+            status = desired.status.as_str(),
+            reason = %desired.reason,
+            "node {}: condition {}={} ({}): {}",
+            self.writer.name(),
+            desired.type_,
+            desired.status.as_str(),
+            desired.reason,
+            desired.message
+        );
+        // A first True says nothing worth an event; a change to or from False does.
+        if (invalid || was_false)
+            && let Err(e) = self
+                .writer
+                .event(
+                    invalid,
+                    &desired.reason,
+                    "CheckMIGStrategy",
+                    &desired.message,
+                )
+                .await
+        {
+            tracing::warn!(error = %e, "recording the MIG strategy event: {e}");
+        }
+        Ok(())
+    }
+
     /// Removes the startup taint once the node offers what it is configured to. Never adds it:
     /// a startup taint is only for startup. Autoscalers (Cluster Autoscaler, Karpenter) count a
     /// node that carries it as one still coming up; put back later (say, while a MIG change is
@@ -336,16 +411,29 @@ impl Reconciler {
         let parsed = wanted.as_ref().map(|(file, name)| {
             let origin = file.display().to_string();
             std::fs::read_to_string(file)
-                .map_err(|e| format!("MIG config file {origin}: {e}"))
-                .and_then(|text| {
-                    gpuops_mig::config::parse(&text, &origin).map_err(|e| e.to_string())
+                .map_err(|error| crate::AgentError::MigConfigRead {
+                    path: file.to_path_buf(),
+                    error,
                 })
-                .and_then(|all| all.get(name).cloned().map_err(|e| format!("{origin}: {e}")))
+                .and_then(|text| Ok(gpuops_mig::config::parse(&text, &origin)?))
+                .and_then(|all| {
+                    all.get(name)
+                        .cloned()
+                        .map_err(|error| crate::AgentError::MigConfigIn {
+                            file: file.to_path_buf(),
+                            error: Box::new(error),
+                        })
+                })
         });
-        let mig = match &parsed {
-            None => MigWanted::Current,
-            Some(Ok(named)) => MigWanted::Config(named),
-            Some(Err(why)) => MigWanted::Broken(why),
+        // The reason is only shown (in the log and the wait's message).
+        let broken: Option<String> = match &parsed {
+            Some(Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        let mig = match (&parsed, &broken) {
+            (Some(Ok(named)), _) => MigWanted::Config(named),
+            (_, Some(why)) => MigWanted::Broken(why),
+            _ => MigWanted::Current,
         };
         let key = &startup.taint.key;
         match crate::startup::readiness(&state.inventory, config, &state.health, mig, &allocatable)
@@ -501,6 +589,54 @@ fn unhealthy_devices(
 mod tests {
     use super::*;
     use gpuops_labels::ConditionStatus;
+
+    #[tokio::test]
+    #[allow(clippy::unwrap_used, clippy::expect_used)]
+    async fn an_api_server_that_never_answers_does_not_hold_shutdown_up() {
+        let (api, client) = crate::hung::Hung::api_server().await;
+        let writer = NodeWriter::new(client, "node-1", "gpuops-agent", Duration::from_secs(300));
+        let opts = NodeOptions {
+            feature_labels: false,
+            nfd_file: None,
+            health: gpuops_labels::HealthPolicy {
+                taint_enabled: false,
+                taint_key: "nvidia.com/gpu.unhealthy".into(),
+            },
+            machine_type: None,
+            startup: None,
+        };
+        let state = NodeState {
+            inventory: Arc::new(gpuops_inventory::Inventory::default()),
+            health: gpuops_resources::health::HealthTracker::default(),
+            xids: gpuops_metrics::XidCounters::default(),
+            collection: Some(std::time::Instant::now()),
+            nvml_errors: 0,
+            nvml_loaded: true,
+        };
+        let (state_tx, state_rx) = watch::channel(Arc::new(state.clone()));
+        let (_config_tx, config_rx) = watch::channel(Arc::new(Config::default()));
+        let (_node_tx, node_rx) = watch::channel(None);
+        let (_mig_tx, mig_rx) = watch::channel(None);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(run(
+            writer,
+            opts,
+            Duration::from_secs(3600),
+            state_rx,
+            config_rx,
+            node_rx,
+            mig_rx,
+            stop_rx,
+        ));
+        // A new state starts a pass, which reads the Node from a server that never answers.
+        state_tx.send_replace(Arc::new(state));
+        api.accepted().await;
+        stop_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .expect("the node reconciler stops in the middle of a hung request")
+            .unwrap();
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn node_with_labels(labels: &[(&str, &str)]) -> Node {

@@ -379,7 +379,7 @@ pub fn health_policy(
         vars("DP_ENABLE_HEALTHCHECKS").as_deref(),
         quiet.as_millis() as u64,
     )
-    .map_err(|e| AgentError::HealthPolicy(e.to_string()))
+    .map_err(AgentError::HealthPolicy)
 }
 
 #[cfg(test)]

@@ -81,6 +81,7 @@ pub fn open_first(libraries: &[Library], sysfs_root: &std::path::Path) -> Result
 }
 
 /// Runs until `shutdown` resolves; returns the XID thread to join.
+// Long on purpose: one select over the loop's events (shutdown, a MIG change ending, the tick, NVML opening, a late read, a read done, XID reports) that share the in-flight read's state; each arm is short, and splitting would only hand that state around.
 pub(crate) async fn run(
     mut l: Loop,
     state_tx: watch::Sender<Arc<NodeState>>,
@@ -103,6 +104,8 @@ pub(crate) async fn run(
     ticker.tick().await;
     // The snapshot being read, when it began, and whether its lateness was reported.
     let mut in_flight: Option<(Snapshot, Instant, bool)> = None;
+    // A GPU was reported lost while a read was in flight: read again once it ends.
+    let mut reread = false;
     loop {
         // While a read is in flight the loop is only as alive as that read is young: a driver
         // call that never returns must age the beat from when it began, whatever else (the
@@ -175,6 +178,9 @@ pub(crate) async fn run(
             }
             done = join(&mut in_flight), if in_flight.is_some() => {
                 let started = in_flight.take().map_or_else(Instant::now, |(_, s, _)| s);
+                if std::mem::take(&mut reread) {
+                    ticker.reset_immediately();
+                }
                 match done {
                     Ok(Ok(mut next)) => {
                         keep_static_facts(&mut next, &state.inventory);
@@ -204,11 +210,26 @@ pub(crate) async fn run(
                 // A storm queues XIDs faster than one publication each is worth (every task
                 // watching the state wakes for each): take what is already waiting, up to a
                 // bound so the loop still gets round to its other events, and publish once.
+                let mut lost = is_lost(&report);
                 let mut changed = note(report, &mut state, &l.policy);
                 for _ in 1..REPORT_BATCH {
                     match reports.try_recv() {
-                        Ok(report) => changed |= note(report, &mut state, &l.policy),
+                        Ok(report) => {
+                            lost |= is_lost(&report);
+                            changed |= note(report, &mut state, &l.policy);
+                        }
                         Err(_) => break,
+                    }
+                }
+                // The driver's "GPU is lost" names no GPU; only a read says which fell off.
+                // Read now rather than at the next tick (up to an interval later), so a lost GPU
+                // is marked as fast as an XID is; a read already in flight may have begun before
+                // the loss, so another follows it.
+                if lost {
+                    if in_flight.is_some() {
+                        reread = true;
+                    } else {
+                        ticker.reset_immediately();
                     }
                 }
                 if changed {
@@ -219,6 +240,11 @@ pub(crate) async fn run(
         }
     }
     xid_thread
+}
+
+/// Whether the XID thread reports that a watched GPU fell off the bus.
+fn is_lost(report: &Report) -> bool {
+    matches!(report, Report::Event(GpuEvent::GpuLost))
 }
 
 /// How many queued reports one turn of the loop takes before it publishes.

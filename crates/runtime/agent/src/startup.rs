@@ -120,18 +120,17 @@ pub enum MigWanted<'a> {
     Broken(&'a str),
 }
 
-/// The device counts per resource the node should advertise once its MIG config is in place:
-/// the same naming (MIG strategy, sharing, renames) as the device plugin, applied to the GPUs as
-/// the config will leave them.
+/// The device counts per resource the node should advertise once its MIG config (`None`: the
+/// layout the GPUs have) is in place: the same naming (MIG strategy, sharing, renames) as the
+/// device plugin, applied to the GPUs as the config will leave them.
 pub fn expected_devices(
     inv: &Inventory,
     config: &Config,
-    mig: MigWanted<'_>,
+    layout: Option<&NamedConfig>,
 ) -> Result<BTreeMap<String, u64>, AgentError> {
-    let target = match mig {
-        MigWanted::Current => inv.clone(),
-        MigWanted::Broken(why) => return Err(AgentError::MigConfigBroken(why.to_string())),
-        MigWanted::Config(named) => with_layout(inv, named)?,
+    let target = match layout {
+        None => inv.clone(),
+        Some(named) => with_layout(inv, named)?,
     };
     let resources = gpuops_resources::resources(&target, config)?;
     Ok(resources
@@ -178,9 +177,17 @@ pub fn readiness(
     mig: MigWanted<'_>,
     allocatable: &BTreeMap<String, String>,
 ) -> Readiness {
-    let expected = match expected_devices(inv, config, mig) {
+    let unknown = |why: &dyn std::fmt::Display| {
+        Readiness::Waiting(format!("what the node offers is unknown: {why}"))
+    };
+    let layout = match mig {
+        MigWanted::Current => None,
+        MigWanted::Config(named) => Some(named),
+        MigWanted::Broken(why) => return unknown(&why),
+    };
+    let expected = match expected_devices(inv, config, layout) {
         Ok(e) => e,
-        Err(why) => return Readiness::Waiting(format!("what the node offers is unknown: {why}")),
+        Err(why) => return unknown(&why),
     };
     let mut now = match gpuops_resources::resources(inv, config) {
         Ok(r) => r,
@@ -301,7 +308,7 @@ mod tests {
     fn mixed_strategy_expects_every_profile_the_mig_config_implies() {
         let (inv, c) = (node(8), cfg("", "mixed"));
         let all_1g = mig("all-1g.10gb");
-        let expected = expected_devices(&inv, &c, MigWanted::Config(&all_1g)).unwrap();
+        let expected = expected_devices(&inv, &c, Some(&all_1g)).unwrap();
         assert_eq!(
             expected,
             BTreeMap::from([("nvidia.com/mig-1g.10gb".to_string(), 56)])
@@ -323,7 +330,7 @@ mod tests {
             &after
         )));
         let balanced = mig("all-balanced");
-        let expected = expected_devices(&inv, &c, MigWanted::Config(&balanced)).unwrap();
+        let expected = expected_devices(&inv, &c, Some(&balanced)).unwrap();
         assert_eq!(expected.len(), 3, "{expected:?}");
         assert_eq!(expected["nvidia.com/mig-1g.10gb"], 16);
     }
@@ -332,7 +339,7 @@ mod tests {
     fn single_strategy_names_the_mig_devices_nvidia_com_gpu() {
         let (inv, c) = (node(8), cfg("", "single"));
         let all_1g = mig("all-1g.10gb");
-        let expected = expected_devices(&inv, &c, MigWanted::Config(&all_1g)).unwrap();
+        let expected = expected_devices(&inv, &c, Some(&all_1g)).unwrap();
         assert_eq!(
             expected,
             BTreeMap::from([("nvidia.com/gpu".to_string(), 56)])
@@ -361,7 +368,7 @@ mod tests {
         let yaml = "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
         let (inv, c) = (node(2), cfg(yaml, "none"));
         let health = HealthTracker::default();
-        let expected = expected_devices(&inv, &c, MigWanted::Current).unwrap();
+        let expected = expected_devices(&inv, &c, None).unwrap();
         assert_eq!(
             expected,
             BTreeMap::from([("nvidia.com/gpu.shared".to_string(), 8)])
@@ -413,7 +420,7 @@ mod tests {
             ..MigDevice::default()
         }];
         let c = cfg("", "mixed");
-        let expected = expected_devices(&inv, &c, MigWanted::Current).unwrap();
+        let expected = expected_devices(&inv, &c, None).unwrap();
         assert_eq!(
             expected,
             BTreeMap::from([

@@ -12,6 +12,7 @@ use gpuops_autoscale::{Decision, Event as AEvent, State, Target};
 use gpuops_kube::runtime::Action;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -20,7 +21,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
@@ -79,8 +80,25 @@ struct Ctx {
     pdbs: Store<PodDisruptionBudget>,
     mds: Store<DynamicObject>,
     machines: Store<DynamicObject>,
+    /// DRA objects: pending pods' claims are demand too. Not part of readiness, so a cluster
+    /// without DRA still gets whole-GPU autoscaling (the watch logs its errors and retries).
+    claims: Store<ResourceClaim>,
+    claim_templates: Store<ResourceClaimTemplate>,
+    device_classes: Store<DeviceClass>,
     gpu_util: Option<Arc<crate::prom::Feed>>,
     mig: Option<crate::mig::Mig>,
+    /// Failed passes in a row, for the error policy's backoff; a pass that succeeds clears it.
+    failures: AtomicU32,
+}
+
+/// What the loop keeps from one pass to the next (the context is shared and read-only).
+#[derive(Default)]
+struct Memory {
+    state: State,
+    clock: crate::clock::Clock,
+    /// When each pending pod was first seen.
+    seen: HashMap<String, u64>,
+    previous: Option<Status>,
 }
 
 /// Runs until `shutdown` turns true.
@@ -111,19 +129,25 @@ pub async fn run(
         None => None,
     };
     let notify = Arc::new(Notify::new());
-    let ctx = watch_all(&client, &cfg, gpu_util, &metrics, &notify);
+    let ctx = Arc::new(watch_all(&client, &cfg, gpu_util, &metrics, &notify));
     spawn_readiness(&ctx, &probes);
 
     let mut leader = match &cfg.lease {
-        Some(lease) => gpuops_kube::elect(client.clone(), lease).await?,
+        // Creating or reading the Lease awaits the API server, which may not answer.
+        Some(lease) => {
+            match gpuops_kube::runtime::until_stopped(
+                gpuops_kube::elect(client.clone(), lease),
+                &shutdown,
+            )
+            .await
+            {
+                Some(elected) => elected?,
+                None => return Ok(()),
+            }
+        }
         None => watch::channel(true).1,
     };
-    let mut state = State::default();
-    let mut clock = crate::clock::Clock::default();
-    let mut seen: HashMap<String, u64> = HashMap::new();
-    let mut previous: Option<Status> = None;
-    // Failed passes in a row, for the error policy's backoff.
-    let mut failures: u32 = 0;
+    let mut memory = Memory::default();
     // After a failed pass nothing runs before this, whatever wakes the loop: with the apiserver
     // gone every watcher's retry is a wake-up, and passes on each would hammer it when it returns.
     let mut retry_at: Option<tokio::time::Instant> = None;
@@ -158,27 +182,30 @@ pub async fn run(
         retry_at = None;
         // A pass awaits the API server; shutdown must not wait for it. A stopped pass is
         // half-done the same way a failed one is, and the next leader's pass starts over.
-        let outcome = gpuops_kube::runtime::until_stopped(
-            pass(&ctx, &mut state, &mut clock, &mut seen, previous.as_ref()),
-            &shutdown,
-        )
-        .await;
-        match outcome {
-            None => break,
-            Some(Ok((s, closes_in))) => {
-                previous = Some(s);
-                // A few milliseconds past the close: the window is open while strictly younger.
-                batch_closes = closes_in.map(|d| {
-                    tokio::time::Instant::now() + d + Duration::from_millis(BATCH_CLOSE_MARGIN_MS)
-                });
-                failures = 0;
-            }
-            Some(Err(e)) => {
-                failures = failures.saturating_add(1);
-                if let Some(wait) = error_policy(&e, failures, &metrics).requeue_after() {
-                    retry_at = Some(tokio::time::Instant::now() + wait);
-                }
-            }
+        // The controller reconciles the cluster as one object: the step's object is `()`.
+        let mem = &mut memory;
+        let step = gpuops_kube::runtime::reconcile_step(
+            Arc::new(()),
+            Arc::clone(&ctx),
+            move |_, ctx| reconcile(ctx, mem),
+            |_, e, ctx| {
+                let failures = ctx
+                    .failures
+                    .fetch_add(1, Ordering::Relaxed)
+                    .saturating_add(1);
+                error_policy(e, failures, &ctx.metrics)
+            },
+        );
+        let Some(action) = gpuops_kube::runtime::until_stopped(step, &shutdown).await else {
+            break;
+        };
+        let at = action
+            .requeue_after()
+            .map(|wait| tokio::time::Instant::now() + wait);
+        if ctx.failures.load(Ordering::Relaxed) > 0 {
+            retry_at = at;
+        } else {
+            batch_closes = at;
         }
     }
     probes.set_ready(false);
@@ -258,11 +285,30 @@ fn watch_all(
             "Cluster API Machines",
             notify,
         ),
+        claims: reflect(
+            Api::<ResourceClaim>::all(client.clone()),
+            (),
+            "ResourceClaims",
+            notify,
+        ),
+        claim_templates: reflect(
+            Api::<ResourceClaimTemplate>::all(client.clone()),
+            (),
+            "ResourceClaimTemplates",
+            notify,
+        ),
+        device_classes: reflect(
+            Api::<DeviceClass>::all(client.clone()),
+            (),
+            "DeviceClasses",
+            notify,
+        ),
         client: client.clone(),
         metrics: metrics.clone(),
         cfg: cfg.clone(),
         gpu_util,
         mig: cfg.mig.clone().map(crate::mig::Mig::new),
+        failures: AtomicU32::new(0),
     }
 }
 
@@ -320,6 +366,34 @@ fn values(store: &Store<DynamicObject>) -> Vec<Value> {
 /// How long after the batch window's computed close the next pass runs, so it sees it closed.
 const BATCH_CLOSE_MARGIN_MS: u64 = 5;
 
+/// One pass, in the shared loop shape: what runs next is a pass at the close of the scale-up
+/// batch window, if pods wait for it, else one on the next change or resync.
+async fn reconcile(ctx: Arc<Ctx>, memory: &mut Memory) -> Result<Action, ControllerError> {
+    let (status, closes_in) = pass(
+        &ctx,
+        &mut memory.state,
+        &mut memory.clock,
+        &mut memory.seen,
+        memory.previous.as_ref(),
+    )
+    .await?;
+    memory.previous = Some(status);
+    ctx.failures.store(0, Ordering::Relaxed);
+    Ok(after_pass(closes_in))
+}
+
+/// The action after a pass that succeeded, `closes_in` being how long until the scale-up batch
+/// window closes (`None`: no pod waits for one). A few milliseconds past the close: the window
+/// is open while strictly younger.
+fn after_pass(closes_in: Option<Duration>) -> Action {
+    match closes_in {
+        Some(d) => Action::requeue(d + Duration::from_millis(BATCH_CLOSE_MARGIN_MS)),
+        None => Action::await_change(),
+    }
+}
+
+// Long on purpose: observe (caches, clock, utilisation), decide and act for one pass, in the
+// order the status reports them; each step is a call, the length is their wiring.
 async fn pass(
     ctx: &Ctx,
     state: &mut State,
@@ -385,7 +459,8 @@ async fn pass(
         None => None,
     };
     let started = std::time::Instant::now();
-    let d = gpuops_autoscale::decide(&snap, state, now, &ctx.cfg.decision);
+    let mut d = gpuops_autoscale::decide(&snap, state, now, &ctx.cfg.decision);
+    let claim_events = claim_demand(ctx, &pods, &snap, &mut d);
     let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
     let m = &ctx.metrics;
     m.decisions.fetch_add(1, Ordering::Relaxed);
@@ -444,16 +519,22 @@ async fn pass(
     // Several at a time: 10,000 new pending pods are 10,000 events, one by one most of a
     // minute before the status is written.
     let mig_events: &[AEvent] = mig.as_ref().map_or(&[], |mp| mp.events.as_slice());
-    futures::stream::iter(d.events.iter().chain(&invalid).chain(mig_events))
-        .for_each_concurrent(EVENTS_IN_PARALLEL, |e| {
-            let by_name = &by_name;
-            async move {
-                if let Err(err) = record(ctx, e, by_name).await {
-                    tracing::debug!(error = %err, "event not recorded");
-                }
+    futures::stream::iter(
+        d.events
+            .iter()
+            .chain(&invalid)
+            .chain(mig_events)
+            .chain(&claim_events),
+    )
+    .for_each_concurrent(EVENTS_IN_PARALLEL, |e| {
+        let by_name = &by_name;
+        async move {
+            if let Err(err) = record(ctx, e, by_name).await {
+                tracing::debug!(error = %err, "event not recorded");
             }
-        })
-        .await;
+        }
+    })
+    .await;
     let mut st = status::build(&snap, &error_texts, &d, now, &ctx.cfg.identity, previous);
     if let Some(mp) = &mig {
         status::add_mig(&mut st, &mp.decision, &mp.status, &mp.owed);
@@ -463,6 +544,115 @@ async fn pass(
         Some(e) => Err(e),
         None => Ok((st, d.batch_closes_in)),
     }
+}
+
+/// Whether the scheduler has tried `p` and found no node: only then are its unallocated
+/// claims demand (a pod it has not looked at yet may fit a node that exists).
+fn unschedulable(p: &Pod) -> bool {
+    p.spec.as_ref().is_some_and(|s| s.node_name.is_none())
+        && p.metadata.deletion_timestamp.is_none()
+        && p.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().flatten().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+        })
+}
+
+/// Pending pods' unallocated ResourceClaims as demand: their scale-ups join the decision's
+/// (one patch per pool), and what is bought or refused for each pod comes back as events.
+fn claim_demand(
+    ctx: &Ctx,
+    pods: &[Arc<Pod>],
+    snap: &gpuops_autoscale::model::Snapshot,
+    d: &mut Decision,
+) -> Vec<AEvent> {
+    let with_claims: Vec<&Pod> = pods
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .is_some_and(|s| s.resource_claims.as_ref().is_some_and(|c| !c.is_empty()))
+                && unschedulable(p)
+        })
+        .collect();
+    if with_claims.is_empty() {
+        return Vec::new();
+    }
+    let by_name = |objs: Vec<Arc<ResourceClaim>>| -> gpuops_claims::k8s::ByName<ResourceClaim> {
+        objs.iter()
+            .map(|c| {
+                (
+                    (
+                        c.metadata.namespace.clone().unwrap_or_default(),
+                        c.metadata.name.clone().unwrap_or_default(),
+                    ),
+                    (**c).clone(),
+                )
+            })
+            .collect()
+    };
+    let claims = by_name(ctx.claims.state());
+    let templates: gpuops_claims::k8s::ByName<ResourceClaimTemplate> = ctx
+        .claim_templates
+        .state()
+        .iter()
+        .map(|t| {
+            (
+                (
+                    t.metadata.namespace.clone().unwrap_or_default(),
+                    t.metadata.name.clone().unwrap_or_default(),
+                ),
+                (**t).clone(),
+            )
+        })
+        .collect();
+    let classes: Vec<DeviceClass> = ctx
+        .device_classes
+        .state()
+        .iter()
+        .map(|c| (**c).clone())
+        .collect();
+    let classes = gpuops_claims::k8s::classes(&classes);
+    let mut demand = Vec::new();
+    let mut events = Vec::new();
+    for p in with_claims {
+        let key = format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default()
+        );
+        match gpuops_claims::k8s::pending_claims(p, &claims, &templates) {
+            Ok(c) if c.is_empty() => {}
+            Ok(c) => demand.push(gpuops_claims::PodClaims {
+                pod: key,
+                claims: c,
+            }),
+            Err(e) => events.push(AEvent {
+                target: Target::Pod(key),
+                reason: "NotTriggerScaleUp".into(),
+                message: e.to_string(),
+                warning: true,
+            }),
+        }
+    }
+    let allocated = gpuops_claims::k8s::allocated_devices(&claims);
+    let cd = gpuops_claims::demand::decide(
+        snap,
+        &d.in_flight,
+        &d.scale_ups,
+        &demand,
+        &classes,
+        &allocated,
+    );
+    for (pod, outcome) in &cd.plan.outcomes {
+        tracing::debug!(pod, ?outcome, "ResourceClaim demand");
+    }
+    gpuops_claims::demand::merge(&mut d.scale_ups, cd.scale_ups);
+    events.extend(cd.events);
+    events
 }
 
 async fn apply(
@@ -672,6 +862,76 @@ mod tests {
             );
         }
         assert_eq!(metrics.action_errors.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_pass_with_pods_waiting_for_the_batch_window_runs_again_just_after_it_closes() {
+        assert_eq!(
+            after_pass(Some(Duration::from_secs(2))),
+            Action::Requeue(Duration::from_millis(2_000 + BATCH_CLOSE_MARGIN_MS))
+        );
+        assert_eq!(after_pass(None), Action::AwaitChange);
+    }
+
+    #[tokio::test]
+    async fn an_api_server_that_never_answers_the_lease_does_not_hold_shutdown_up() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (accepted_tx, mut accepted) = tokio::sync::mpsc::unbounded_channel();
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+                let _ = accepted_tx.send(());
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{address}\ncontexts:\n- name: here\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user: {{}}\ncurrent-context: here\n"
+            ),
+        )
+        .unwrap();
+        let cfg = ControllerConfig {
+            client: gpuops_kube::ClientOptions {
+                kubeconfig: Some(kubeconfig),
+                request_timeout: Duration::from_secs(300),
+                ..gpuops_kube::ClientOptions::default()
+            },
+            namespace: "default".into(),
+            identity: "solo".into(),
+            lease: Some(gpuops_kube::LeaseOptions {
+                namespace: "default".into(),
+                name: "gpuops-controller".into(),
+                identity: "solo".into(),
+                duration: Duration::from_secs(15),
+                grace: Duration::from_secs(5),
+            }),
+            resync: Duration::from_secs(10),
+            decision: gpuops_autoscale::Config::default(),
+            metrics_address: "127.0.0.1:0".parse().unwrap(),
+            dry_run: true,
+            prometheus: None,
+            mig: None,
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let controller = tokio::spawn(run(cfg, stop_rx));
+        // The five watch caches' lists and the Lease's read: six requests, none answered.
+        for _ in 0..6 {
+            tokio::time::timeout(Duration::from_secs(60), accepted.recv())
+                .await
+                .expect("six connections to the API server")
+                .unwrap();
+        }
+        stop_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(1), controller)
+            .await
+            .expect("the controller stops while the Lease is unanswered")
+            .unwrap()
+            .unwrap();
+        server.abort();
     }
 
     #[test]

@@ -6,9 +6,9 @@
 //! (scripts/test builds both in one `cargo test`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use gpuops_testbed::{Cluster, HarnessNode, wait_until};
+use gpuops_testbed::{ChildGuard, Cluster, HarnessNode, wait_until};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 mod common;
@@ -55,71 +55,48 @@ fn gpuops(args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(cluster: &Cluster, node: &HarnessNode, sim: &Path, env: &[(&str, &str)]) -> Agent {
-        let log = cluster.dir().join("agent.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(gpuops_binary());
-        cmd.arg("agent")
-            .args([
-                "--interval",
-                "1s",
-                "--node-name",
-                &node.name,
-                "--kubernetes",
-            ])
-            .arg("--sim-state")
-            .arg(sim)
-            .arg("--mig-config-file")
-            .arg(cluster.dir().join("mig-config.yaml"))
-            .args([
-                "--mig-config-configmap",
-                &format!("default/{CONFIGMAP}"),
-                "--mig-drain-timeout",
-                "10s",
-                "--mig-retry",
-                "2s",
-                "--node-resync",
-                "3s",
-            ])
-            .arg("--device-plugin-dir")
-            .arg(node.plugin_dir())
-            .arg("--pod-resources-socket")
-            .arg(node.pod_resources_socket())
-            .env("KUBECONFIG", cluster.kubeconfig())
-            .env("MIG_STRATEGY", "mixed")
-            .env("GPUOPS_METRICS_ADDRESS", "127.0.0.1:0")
-            .env_remove("MIG_PARTED_HOOKS_FILE")
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out));
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        // Its own process group: stopping it also stops a `gpuops mig apply` it started.
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        Agent {
-            child: cmd.spawn().unwrap(),
-            log,
-        }
+/// `gpuops agent` on `node`, stopped (SIGTERM, then SIGKILL) when dropped.
+fn start_agent(
+    cluster: &Cluster,
+    node: &HarnessNode,
+    sim: &Path,
+    env: &[(&str, &str)],
+) -> ChildGuard {
+    let mut cmd = Command::new(gpuops_binary());
+    cmd.arg("agent")
+        .args([
+            "--interval",
+            "1s",
+            "--node-name",
+            &node.name,
+            "--kubernetes",
+        ])
+        .arg("--sim-state")
+        .arg(sim)
+        .arg("--mig-config-file")
+        .arg(cluster.dir().join("mig-config.yaml"))
+        .args([
+            "--mig-config-configmap",
+            &format!("default/{CONFIGMAP}"),
+            "--mig-drain-timeout",
+            "10s",
+            "--mig-retry",
+            "2s",
+            "--node-resync",
+            "3s",
+        ])
+        .arg("--device-plugin-dir")
+        .arg(node.plugin_dir())
+        .arg("--pod-resources-socket")
+        .arg(node.pod_resources_socket())
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .env("MIG_STRATEGY", "mixed")
+        .env("GPUOPS_METRICS_ADDRESS", "127.0.0.1:0")
+        .env_remove("MIG_PARTED_HOOKS_FILE");
+    for (k, v) in env {
+        cmd.env(k, v);
     }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-s", "KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
-    }
+    ChildGuard::spawn("gpuops agent", cmd, &cluster.dir().join("agent.log")).unwrap()
 }
 
 fn controller(cluster: &Cluster, mig: gpuops_autoscale::MigConfig) -> common::Controller {
@@ -257,7 +234,7 @@ fn mig_bed(
     gpuops_testbed::ClusterApi,
     HarnessNode,
     PathBuf,
-    Agent,
+    ChildGuard,
 ) {
     let (cluster, capi) = common::bed();
     let node = HarnessNode::start(&cluster, NODE).unwrap();
@@ -281,7 +258,7 @@ fn mig_bed(
     cluster
         .kubectl(&["label", "node", NODE, "nvidia.com/mig.config=all-1g.10gb"])
         .unwrap();
-    let agent = Agent::start(&cluster, &node, &sim, env);
+    let agent = start_agent(&cluster, &node, &sim, env);
     wait_until("14x mig-1g.10gb", Duration::from_secs(90), || {
         allocatable(&cluster, "nvidia.com/mig-1g.10gb") == 14
             && label(&cluster, "nvidia.com/mig.config.state").as_deref() == Some("success")
@@ -289,7 +266,7 @@ fn mig_bed(
                 .as_str()
                 .is_some_and(|l| l.contains("all-1g.10gb"))
     })
-    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.output()));
     (cluster, capi, node, sim, agent)
 }
 
@@ -304,7 +281,7 @@ fn pending_3g_pods_re_partition_free_capacity_keep_busy_instances_and_buy_nothin
     wait_until("the 1g.10gb pod running", Duration::from_secs(60), || {
         phase(&cluster, "small") == "Running"
     })
-    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.output()));
     let before = mig_uuids(&sim);
     assert_eq!(before.len(), 14, "{before:?}");
     // The agent publishes that a pod holds it.
@@ -317,7 +294,7 @@ fn pending_3g_pods_re_partition_free_capacity_keep_busy_instances_and_buy_nothin
                 .is_some_and(|l| l.contains("\"busy\":true"))
         },
     )
-    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.output()));
 
     let _controller = controller(
         &cluster,
@@ -344,7 +321,7 @@ fn pending_3g_pods_re_partition_free_capacity_keep_busy_instances_and_buy_nothin
             cluster
                 .kubectl(&["get", "node", NODE, "-o", "yaml"])
                 .unwrap_or_default(),
-            agent.log()
+            agent.output()
         )
     });
     assert_eq!(phase(&cluster, "small"), "Running");
@@ -419,7 +396,7 @@ fn demand_that_flaps_inside_the_batch_window_changes_nothing() {
     }
     passes_for(&cluster, Duration::from_secs(20));
     let ev = events(&cluster);
-    assert_eq!(count(&ev, "MIGRepartition"), 0, "{ev}\n{}", agent.log());
+    assert_eq!(count(&ev, "MIGRepartition"), 0, "{ev}\n{}", agent.output());
     assert_eq!(repartitions(&cluster), 0, "{}", status(&cluster));
     assert_eq!(
         label(&cluster, "nvidia.com/mig.config").as_deref(),
@@ -468,7 +445,7 @@ fn a_failed_change_goes_back_and_is_not_retried_on_that_node_within_the_backoff(
             "{e}\n{}\n{}\n{}",
             status(&cluster),
             events(&cluster),
-            agent.log()
+            agent.output()
         )
     });
     // The state label comes before the kubelet's next look at the device plugin.
@@ -477,7 +454,7 @@ fn a_failed_change_goes_back_and_is_not_retried_on_that_node_within_the_backoff(
         Duration::from_secs(30),
         || allocatable(&cluster, "nvidia.com/mig-1g.10gb") == 14,
     )
-    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.output()));
     // Well past the minimum interval and the batch window, the pod still pending: the node
     // was not chosen again.
     passes_for(&cluster, Duration::from_secs(15));

@@ -407,7 +407,8 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
 /// A real Prometheus (Debian's package) serving HTTPS with a certificate from its own CA,
 /// scraping `target` every second; killed on drop.
 struct Prometheus {
-    child: std::process::Child,
+    // Before `dir`: the process stops before its files go.
+    process: gpuops_testbed::ChildGuard,
     url: String,
     ca: std::path::PathBuf,
     dir: tempfile::TempDir,
@@ -492,30 +493,19 @@ impl Prometheus {
         )
         .unwrap();
         let port = gpuops_testbed::free_port().unwrap();
-        let log = std::fs::File::create(d.join("prometheus.log")).unwrap();
-        let child = std::process::Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                d.join("prometheus.yml").display()
-            ))
-            .arg(format!("--web.config.file={}", d.join("web.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", d.join("tsdb").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(std::process::Stdio::from(log.try_clone().unwrap()))
-            .stderr(std::process::Stdio::from(log))
-            .spawn()
-            .expect("prometheus not found: scripts/test installs Debian's prometheus package");
-        // Recorded like the test bed's own processes, so scripts/test names it if leaked.
-        if let Some(f) = std::env::var_os(gpuops_testbed::RUN_DIR_ENV) {
-            let pid = child.id();
-            let start = gpuops_testbed::start_time(pid).unwrap_or(0);
-            let _ = std::fs::write(
-                std::path::Path::new(&f).join(format!("pid-{pid}")),
-                format!("{start} prometheus\n"),
-            );
-        }
+        let mut cmd = std::process::Command::new("prometheus");
+        cmd.arg(format!(
+            "--config.file={}",
+            d.join("prometheus.yml").display()
+        ))
+        .arg(format!("--web.config.file={}", d.join("web.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", d.join("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+        let process =
+            gpuops_testbed::ChildGuard::spawn("prometheus", cmd, &d.join("prometheus.log"))
+                .expect("prometheus not found: scripts/test installs Debian's prometheus package");
         Prometheus {
-            child,
+            process,
             url: format!("https://127.0.0.1:{port}"),
             ca: d.join("ca.crt"),
             dir,
@@ -536,18 +526,7 @@ impl Prometheus {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let pid = self.child.id();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(f) = std::env::var_os(gpuops_testbed::RUN_DIR_ENV) {
-            let _ = std::fs::remove_file(std::path::Path::new(&f).join(format!("pid-{pid}")));
-        }
+        self.process.output()
     }
 }
 

@@ -344,11 +344,11 @@ fn ci_profile_info(
         sliceCount: p.slice_count,
         instanceCount: p.instance_count,
         multiprocessorCount: p.sm_count,
-        sharedCopyEngineCount: 0,
-        sharedDecoderCount: 0,
-        sharedEncoderCount: 0,
-        sharedJpegCount: 0,
-        sharedOfaCount: 0,
+        sharedCopyEngineCount: p.shared.copy_engines,
+        sharedDecoderCount: p.shared.decoders,
+        sharedEncoderCount: p.shared.encoders,
+        sharedJpegCount: p.shared.jpegs,
+        sharedOfaCount: p.shared.ofas,
     })
 }
 
@@ -366,6 +366,119 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
     }
     // SAFETY: NVML contract: `info` is null or a valid out-pointer.
     ret(ci_profile_info(gi, profile).and_then(|p| unsafe { put(info, p) }))
+}
+
+/// `NVML_STRUCT_VERSION(ComputeInstanceProfileInfo, n)` for the v2 and v3 structs.
+fn ci_info_version(n: u32) -> u32 {
+    let size = match n {
+        2 => std::mem::size_of::<nvmlComputeInstanceProfileInfo_v2_t>(),
+        _ => std::mem::size_of::<nvmlComputeInstanceProfileInfo_v3_t>(),
+    };
+    (size as u32) | (n << 24)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+    gi: nvmlGpuInstance_t,
+    profile: c_uint,
+    eng_profile: c_uint,
+    info: *mut nvmlComputeInstanceProfileInfo_v2_t,
+) -> nvmlReturn_t {
+    crate::trace("nvmlGpuInstanceGetComputeInstanceProfileInfoV");
+    if eng_profile != 0 {
+        return NvmlCode::NotSupported.code();
+    }
+    ret((|| {
+        if info.is_null() {
+            return Err(NvmlCode::InvalidArgument);
+        }
+        // SAFETY: non-null; the caller initialised `version`, the first field of v2 and v3.
+        let version = unsafe { std::ptr::addr_of!((*info).version).read() };
+        let v3 = if version == ci_info_version(2) {
+            false
+        } else if version == ci_info_version(3) {
+            true
+        } else {
+            return Err(NvmlCode::ArgumentVersionMismatch);
+        };
+        let v1 = ci_profile_info(gi, profile)?;
+        let (gpu, gi_id) = gi_of(gi)?;
+        let s = current_state()?;
+        let name = gpu_of(&s, gpu)?.ci_profile_name(gi_id, profile)?;
+        let mut out = nvmlComputeInstanceProfileInfo_v3_t {
+            version,
+            id: v1.id,
+            sliceCount: v1.sliceCount,
+            instanceCount: v1.instanceCount,
+            multiprocessorCount: v1.multiprocessorCount,
+            sharedCopyEngineCount: v1.sharedCopyEngineCount,
+            sharedDecoderCount: v1.sharedDecoderCount,
+            sharedEncoderCount: v1.sharedEncoderCount,
+            sharedJpegCount: v1.sharedJpegCount,
+            sharedOfaCount: v1.sharedOfaCount,
+            name: [0; 96],
+            capabilities: 0,
+        };
+        crate::fill_str(&mut out.name, &format!("MIG {name}"));
+        if v3 {
+            // SAFETY: the caller's version says the struct is a v3.
+            unsafe { put(info.cast::<nvmlComputeInstanceProfileInfo_v3_t>(), out) }
+        } else {
+            let v2 = nvmlComputeInstanceProfileInfo_v2_t {
+                version,
+                id: out.id,
+                sliceCount: out.sliceCount,
+                instanceCount: out.instanceCount,
+                multiprocessorCount: out.multiprocessorCount,
+                sharedCopyEngineCount: out.sharedCopyEngineCount,
+                sharedDecoderCount: out.sharedDecoderCount,
+                sharedEncoderCount: out.sharedEncoderCount,
+                sharedJpegCount: out.sharedJpegCount,
+                sharedOfaCount: out.sharedOfaCount,
+                name: out.name,
+            };
+            // SAFETY: checked non-null; valid per the NVML contract.
+            unsafe { put(info, v2) }
+        }
+    })())
+}
+
+/// `nvmlDeviceGetAttributes_v2`. nvml.h: "This API currently only supports MIG device handles",
+/// so a whole GPU answers `NOT_SUPPORTED`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
+    device: nvmlDevice_t,
+    attributes: *mut nvmlDeviceAttributes_t,
+) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetAttributes_v2");
+    query(device, |t| {
+        let (gi, ci) = t.mig.ok_or(NvmlCode::NotSupported)?;
+        let a = t.gpu.mig_attributes(gi, ci)?;
+        let out = nvmlDeviceAttributes_t {
+            multiprocessorCount: a.sm_count,
+            sharedCopyEngineCount: a.shared.copy_engines,
+            sharedDecoderCount: a.shared.decoders,
+            sharedEncoderCount: a.shared.encoders,
+            sharedJpegCount: a.shared.jpegs,
+            sharedOfaCount: a.shared.ofas,
+            gpuInstanceSliceCount: a.gi_slices,
+            computeInstanceSliceCount: a.ci_slices,
+            memorySizeMB: a.memory_mib,
+        };
+        // SAFETY: NVML contract: `attributes` is null or a valid out-pointer.
+        unsafe { put(attributes, out) }
+    })
+}
+
+/// The unversioned name, which go-nvml calls when the library lacks `_v2` (same struct).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetAttributes(
+    device: nvmlDevice_t,
+    attributes: *mut nvmlDeviceAttributes_t,
+) -> nvmlReturn_t {
+    crate::trace("nvmlDeviceGetAttributes");
+    // SAFETY: forwarded with the same contract.
+    unsafe { nvmlDeviceGetAttributes_v2(device, attributes) }
 }
 
 unsafe fn create_ci(

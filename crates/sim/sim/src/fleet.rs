@@ -144,16 +144,44 @@ impl Fleet {
                 name: name_or_path.to_string(),
             });
         }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| SimError::io("reading fleet file", path, e))?;
-        Fleet::parse(&text, &path.display().to_string())
+        let file =
+            std::fs::File::open(path).map_err(|e| SimError::io("reading fleet file", path, e))?;
+        let origin = path.display().to_string();
+        let text =
+            gpuops_yamlpos::read_text(file, gpuops_yamlpos::MAX_CONFIG_BYTES, "a fleet file")
+                .map_err(|e| SimError::FleetSyntax {
+                    path: origin.clone(),
+                    message: e.to_string(),
+                })?;
+        Fleet::parse(&text, &origin)
     }
 
     /// Parses and validates fleet-file text; `origin` names the file in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Fleet, SimError> {
-        let fleet: Fleet = serde_saphyr::from_str(text).map_err(|e| SimError::FleetSyntax {
-            path: origin.to_string(),
-            message: e.to_string(),
+        let fleet: Fleet = serde_saphyr::from_str(text).map_err(|e| {
+            let tree: Option<gpuops_yamlpos::SNode> = serde_saphyr::from_str(text).ok();
+            let p = gpuops_yamlpos::explain(&e, tree.as_ref(), text);
+            let (at, mut message) = match (p.line, p.column) {
+                (Some(l), Some(c)) => (format!("line {l} column {c}: "), p.message),
+                _ => (String::new(), p.message),
+            };
+            // A GPU count too large for its type is over the fleet's limit like any other.
+            if let (Some(l), Some(c)) = (p.line, p.column)
+                && let Some(v) = gpuops_yamlpos::scalar_at(text, l, c)
+                && v.parse::<u128>().is_ok()
+                && tree
+                    .as_ref()
+                    .and_then(|t| gpuops_yamlpos::find_at(t, l, c))
+                    .is_some_and(|f| f.path.ends_with("].count"))
+            {
+                message = format!(
+                    "count {v} is more than the {MAX_GPUS} GPUs a simulated node may have; accepted: 1 to {MAX_GPUS}"
+                );
+            }
+            SimError::FleetSyntax {
+                path: origin.to_string(),
+                message: format!("{at}{message}"),
+            }
         })?;
         fleet.validate(origin)?;
         Ok(fleet)
@@ -278,6 +306,40 @@ mod tests {
     }
 
     #[test]
+    fn fleet_files_over_the_size_limit_or_not_utf8_say_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, bytes: &[u8]| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            path.display().to_string()
+        };
+        let utf16: Vec<u8> = [0xFEFF_u16]
+            .into_iter()
+            .chain("gpus:\n  - model: L4\n".encode_utf16())
+            .flat_map(u16::to_le_bytes)
+            .collect();
+        let path = write("u16.yaml", &utf16);
+        let e = Fleet::resolve(&path).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "fleet file {path}: the file is UTF-16 (little-endian) text"
+            )),
+            "{e}"
+        );
+        let big = format!("gpus:\n  - model: L4\n{}", "#\n".repeat(3_000_000));
+        let path = write("big.yaml", big.as_bytes());
+        let e = Fleet::resolve(&path).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "fleet file {path}: the file is larger than 4 MiB (4194304 bytes), the size limit for a fleet file"
+            )
+        );
+        let path = write("ok.yaml", b"gpus:\n  - model: L4\n");
+        assert_eq!(Fleet::resolve(&path).unwrap().expanded().len(), 1);
+    }
+
+    #[test]
     fn bad_fleet_files_say_where_and_what() {
         let cases = [
             (
@@ -288,7 +350,8 @@ mod tests {
             (
                 "gpus:\n  - model: H100-SXM5-80GB\n    count: -1\n",
                 "line 3",
-                "invalid u32",
+                // Issue 29: was "invalid u32", without the key or the value.
+                "`gpus[0].count`: -1 is too small: at least 0",
             ),
             ("gpus: [\n", "line 1", "unclosed"),
             ("gpus:\n  - model: H900\n", "line 2", "known models"),
@@ -317,6 +380,16 @@ mod tests {
                 "gpus:\n  - model: L4\n    count: 65\n",
                 "f.yaml",
                 "more than the 64",
+            ),
+            (
+                "gpus:\n  - model: L4\n    count: 4294967296\n",
+                "line 3 column 12",
+                "count 4294967296 is more than the 64 GPUs a simulated node may have; accepted: 1 to 64",
+            ),
+            (
+                "gpus:\n  - model: L4\n    count: many\n",
+                "line 3 column 12",
+                "`gpus[0].count`: \"many\" is not valid: expected a whole number",
             ),
             (
                 "colour: blue\ngpus:\n  - model: L4\n",

@@ -12,6 +12,7 @@ pub mod devnodes;
 pub mod fleet;
 pub mod ids;
 pub mod mig;
+pub mod procfs;
 pub mod render;
 pub mod state;
 pub mod store;

@@ -6,7 +6,7 @@
 //! `19,19,14,9` fails while `9,19,14,19` works); beyond those observations it is *presumed*.
 
 use crate::state::{SimCi, SimGi, SimGpu};
-use gpuops_catalog::{GiProfile, MigGeometry};
+use gpuops_catalog::{EngineCounts, GiProfile, MigGeometry};
 
 /// The NVML return codes the simulator produces (values from `nvml.h`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,43 @@ pub struct CiProfileInfo {
     pub slice_count: u32,
     pub instance_count: u32,
     pub sm_count: u32,
+    /// The engines every compute instance of the GPU instance shares: the GI's own.
+    pub shared: SharedEngines,
+}
+
+/// Copy engines, decoders, encoders, JPEG and OFA units a GPU instance owns. Compute instances do
+/// not split them: the driver reports the GI's counts as "shared" for every CI profile in it
+/// (`nvidia-smi mig -lcip` shows the same Shared CE/DEC/ENC/JPG/OFA on each row of one GI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SharedEngines {
+    pub copy_engines: u32,
+    pub decoders: u32,
+    pub encoders: u32,
+    pub jpegs: u32,
+    pub ofas: u32,
+}
+
+impl SharedEngines {
+    /// The engines of a GPU-instance profile.
+    pub fn of(p: &GiProfile) -> Self {
+        SharedEngines {
+            copy_engines: p.copy_engines,
+            decoders: p.decoders,
+            encoders: p.encoders,
+            jpegs: p.jpegs,
+            ofas: p.ofas,
+        }
+    }
+}
+
+/// What `nvmlDeviceGetAttributes_v2` reports for a MIG device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigAttributes {
+    pub sm_count: u32,
+    pub shared: SharedEngines,
+    pub gi_slices: u32,
+    pub ci_slices: u32,
+    pub memory_mib: u64,
 }
 
 /// Number of distinct GPU-instance profile enums (0..=0x11, `NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX`
@@ -153,6 +190,24 @@ impl SimGpu {
             .sum()
     }
 
+    /// The engines the existing GPU instances take.
+    fn engines_used(&self) -> EngineCounts {
+        self.gpu_instances
+            .iter()
+            .filter_map(|gi| self.profile_of(gi))
+            .fold(EngineCounts::default(), |sum, p| sum.plus(p.engines(), 1))
+    }
+
+    /// Whether one more instance of `p` would need more of some engine type than the GPU has:
+    /// instances share the GPU's engines, so the driver refuses (a second `+me` on an A30, which
+    /// has one NVJPG and one OFA) with `INSUFFICIENT_RESOURCES`.
+    fn engines_short(&self, geometry: &MigGeometry, p: &GiProfile) -> bool {
+        self.engines_used()
+            .plus(p.engines(), 1)
+            .exceeds(&geometry.engine_budget())
+            .is_some()
+    }
+
     fn count_of(&self, profile_id: u32) -> u32 {
         self.gpu_instances
             .iter()
@@ -184,15 +239,19 @@ impl SimGpu {
             .saturating_sub(self.compute_slices_used());
         let mut left = p.max_count.saturating_sub(self.count_of(profile_id));
         let mut fits = 0;
+        let mut engines = self.engines_used();
+        let budget = geometry.engine_budget();
         // Same-size aligned intervals: taking the lowest free start first is optimal.
         for &start in p.placement_starts {
-            if left == 0 || compute_left < p.compute_slices {
+            let with = engines.plus(p.engines(), 1);
+            if left == 0 || compute_left < p.compute_slices || with.exceeds(&budget).is_some() {
                 break;
             }
             let end = start + p.memory_slices;
             if taken.iter().all(|&(s, z)| end <= s || s + z <= start) {
                 taken.push((start, p.memory_slices));
                 compute_left -= p.compute_slices;
+                engines = with;
                 left -= 1;
                 fits += 1;
             }
@@ -211,6 +270,7 @@ impl SimGpu {
         }
         if self.count_of(profile_id) >= p.max_count
             || self.compute_slices_used() + p.compute_slices > geometry.compute_slices
+            || self.engines_short(geometry, p)
         {
             return Err(NvmlCode::InsufficientResources);
         }
@@ -271,6 +331,32 @@ impl SimGpu {
         Ok((p.compute_slices, p.sm_count))
     }
 
+    /// The name `nvmlGpuInstanceGetComputeInstanceProfileInfoV` gives a CI profile: the GI's
+    /// profile name for the CI that spans it, `<c>c.<gi profile>` for a smaller one (as
+    /// `nvidia-smi mig -lcip` prints them, without its `MIG ` prefix).
+    pub fn ci_profile_name(&self, gi_id: u32, ci_enum: u32) -> Result<String, NvmlCode> {
+        let info = self.ci_profile_info(gi_id, ci_enum)?;
+        let p = self.profile_of(self.gi(gi_id)?).ok_or(NvmlCode::Unknown)?;
+        Ok(if info.slice_count == p.compute_slices {
+            p.name.to_string()
+        } else {
+            format!("{}c.{}", info.slice_count, p.name)
+        })
+    }
+
+    /// `nvmlDeviceGetAttributes_v2` for the MIG device (GI, CI).
+    pub fn mig_attributes(&self, gi: &SimGi, ci: &SimCi) -> Result<MigAttributes, NvmlCode> {
+        let info = self.ci_profile_info(gi.id, ci.profile_id)?;
+        let p = self.profile_of(gi).ok_or(NvmlCode::Unknown)?;
+        Ok(MigAttributes {
+            sm_count: info.sm_count,
+            shared: info.shared,
+            gi_slices: p.compute_slices,
+            ci_slices: info.slice_count,
+            memory_mib: p.memory_mib,
+        })
+    }
+
     /// `nvmlGpuInstanceGetComputeInstanceProfileInfo`: by CI profile enum.
     pub fn ci_profile_info(&self, gi_id: u32, ci_enum: u32) -> Result<CiProfileInfo, NvmlCode> {
         if ci_enum >= CI_PROFILE_ENUM_COUNT {
@@ -278,6 +364,10 @@ impl SimGpu {
         }
         let gi = self.gi(gi_id)?;
         let (g, gi_sms) = self.gi_compute(gi)?;
+        let shared = self
+            .profile_of(gi)
+            .map(SharedEngines::of)
+            .unwrap_or_default();
         let c = ci_slices_for_profile(ci_enum).ok_or(NvmlCode::NotSupported)?;
         if !gpuops_catalog::ci_sizes(g).contains(&c) {
             return Err(NvmlCode::NotSupported);
@@ -296,6 +386,7 @@ impl SimGpu {
             slice_count: c,
             instance_count: g / c,
             sm_count,
+            shared,
         })
     }
 
@@ -459,6 +550,44 @@ mod tests {
     }
 
     #[test]
+    fn a_second_media_extension_instance_is_refused_for_its_engines() {
+        let fleet = Fleet::parse(
+            "hostname: a30-sim\ngpus:\n  - model: A30\n    count: 1\n",
+            "t",
+        )
+        .unwrap();
+        let mut s = SimState::from_fleet(&fleet, 0).unwrap();
+        let mut g = s.gpus.remove(0);
+        g.set_mig_mode(true).unwrap();
+        let a30 = gpuops_catalog::lookup("A30").unwrap();
+        let id = |name: &str| a30.gi_profile(name).unwrap().nvml_id;
+        assert_eq!(g.remaining_capacity(id("2g.12gb+me")), Ok(1));
+        g.create_gi(id("1g.6gb+me"), Some(0)).unwrap();
+        // Slices are free and each profile is under its maximum; the one NVJPG and OFA are not.
+        assert_eq!(g.remaining_capacity(id("2g.12gb+me")), Ok(0));
+        assert_eq!(
+            g.create_gi(id("2g.12gb+me"), Some(2)),
+            Err(NvmlCode::InsufficientResources)
+        );
+        assert_eq!(
+            g.create_gi(id("2g.12gb+me"), None),
+            Err(NvmlCode::InsufficientResources)
+        );
+        // Plain profiles, which take neither, still fit beside it.
+        assert_eq!(g.remaining_capacity(id("2g.12gb")), Ok(1));
+        g.create_gi(id("2g.12gb"), Some(2)).unwrap();
+        g.create_gi(id("1g.6gb"), Some(1)).unwrap();
+        assert_eq!(g.gpu_instances.len(), 3);
+        // H100: the +me beside six plain 1g uses all seven NVJPGs and the OFA, and is accepted.
+        let mut g = h100();
+        g.create_gi(20, None).unwrap();
+        for _ in 0..6 {
+            g.create_gi(19, None).unwrap();
+        }
+        assert_eq!(g.gpu_instances.len(), 7);
+    }
+
+    #[test]
     fn mig_mode_and_capability_errors() {
         let mut s = SimState::from_fleet(&Fleet::resolve("l4x4").unwrap(), 0).unwrap();
         assert_eq!(s.gpus[0].set_mig_mode(true), Err(NvmlCode::NotSupported));
@@ -505,6 +634,46 @@ mod tests {
         g.destroy_gi(gi).unwrap();
         assert!(g.gpu_instances.is_empty());
     }
+
+    #[test]
+    fn every_ci_profile_shares_the_engines_of_its_gpu_instance() {
+        let mut g = h100();
+        for gi_profile in [P_7G, P_3G, P_1G] {
+            let gi = g.create_gi(gi_profile, None).unwrap();
+            let p = g.gi_profile_by_id(gi_profile).unwrap();
+            let engines = SharedEngines::of(p);
+            assert!(engines.copy_engines > 0, "{p:?}");
+            let mut seen = 0;
+            for ci_enum in 0..CI_PROFILE_ENUM_COUNT {
+                let Ok(info) = g.ci_profile_info(gi, ci_enum) else {
+                    continue;
+                };
+                seen += 1;
+                assert_eq!(info.shared, engines, "{} ci enum {ci_enum}", p.name);
+            }
+            assert!(seen >= 1, "{}", p.name);
+            g.destroy_gi(gi).unwrap();
+        }
+        // The 7g's 3-slice CI is named after its GI; the whole-GI CI carries the GI's name.
+        let gi = g.create_gi(P_7G, None).unwrap();
+        assert_eq!(g.ci_profile_name(gi, 2).unwrap(), "3c.7g.80gb");
+        assert_eq!(g.ci_profile_name(gi, 4).unwrap(), "7g.80gb");
+        let ci = g.create_ci(gi, 0, None, "MIG-x".into()).unwrap();
+        let (sgi, sci) = g.mig_devices()[0];
+        assert_eq!(sci.id, ci);
+        let a = g.mig_attributes(sgi, sci).unwrap();
+        assert_eq!((a.gi_slices, a.ci_slices), (7, 1));
+        assert_eq!(a.memory_mib, g.gi_profile_by_id(P_7G).unwrap().memory_mib);
+        assert_eq!(
+            a.shared,
+            SharedEngines::of(g.gi_profile_by_id(P_7G).unwrap())
+        );
+        assert_eq!(a.sm_count, g.ci_profile_info(gi, 0).unwrap().sm_count);
+    }
+
+    const P_7G: u32 = 0;
+    const P_3G: u32 = 9;
+    const P_1G: u32 = 19;
 
     #[test]
     fn gi_ids_follow_the_slice_tree() {

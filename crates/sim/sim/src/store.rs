@@ -85,6 +85,8 @@ impl Store {
             .map_err(|e| SimError::io("creating state directory", &store.dir, e))?;
         let _lock = store.lock()?;
         store.save(state)?;
+        // NVIDIA's tools read the node through procfs and sysfs, not NVML: give them the same GPUs.
+        crate::procfs::create(&store.dir, state)?;
         Ok(store)
     }
 

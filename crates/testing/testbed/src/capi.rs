@@ -16,9 +16,9 @@
 //! # Ok::<(), BedError>(())
 //! ```
 
+use crate::child::ChildGuard;
 use crate::infra::{NodeShape, PROVIDER_CRDS, Provider};
 use crate::kubectl::{Kubectl, Loop};
-use crate::process::Managed;
 use crate::scenario::{Autoscaler, GPU, Instance, Offer};
 use crate::{BedError, Cluster, free_port, wait_until};
 use serde_json::{Value, json};
@@ -133,7 +133,7 @@ pub struct MachineInfo {
 pub struct ClusterApi {
     // Field order: the provider loop stops before the manager.
     _provider: Loop,
-    manager: Managed,
+    manager: ChildGuard,
     kube: Kubectl,
     namespace: String,
     cluster_name: String,
@@ -197,7 +197,7 @@ impl Cluster {
             // missed events instead of showing them.
             "--sync-period=1m".into(),
         ]);
-        let mut manager = Managed::spawn("capi-manager", cmd, &dir.join("capi-manager.log"))?;
+        let mut manager = ChildGuard::spawn("capi-manager", cmd, &dir.join("capi-manager.log"))?;
         let ready = wait_until("the Cluster API controller manager", READY, || {
             manager.check_alive().is_ok() && http_ok(health, "/readyz")
         });
@@ -206,8 +206,8 @@ impl Cluster {
             return Err(BedError::NotReady {
                 what: "capi-manager".into(),
                 seconds: READY.as_secs(),
-                log: manager.log.clone(),
-                tail: manager.tail(20),
+                log: manager.log_path().to_path_buf(),
+                tail: manager.last_lines(20),
             });
         }
 
@@ -219,8 +219,8 @@ impl Cluster {
         .map_err(|_| BedError::NotReady {
             what: format!("capi-manager's webhook server on port {webhook_port}"),
             seconds: READY.as_secs(),
-            log: manager.log.clone(),
-            tail: manager.tail(20),
+            log: manager.log_path().to_path_buf(),
+            tail: manager.last_lines(20),
         })?;
         register_webhooks(&kube, &bin.join("webhooks.yaml"), &certs, webhook_port)?;
 
@@ -327,8 +327,8 @@ impl ClusterApi {
             BedError::Timeout { what, seconds } => BedError::NotReady {
                 what,
                 seconds,
-                log: self.manager.log.clone(),
-                tail: self.manager.tail(20),
+                log: self.manager.log_path().to_path_buf(),
+                tail: self.manager.last_lines(20),
             },
             other => other,
         }

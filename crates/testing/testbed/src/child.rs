@@ -1,14 +1,15 @@
-//! A process a test starts (`gpuops agent`, the extender, Prometheus, ...) with its stdout and
-//! stderr in one log file: the test waits for lines or other conditions on that output, and the
-//! process is stopped when the guard is dropped (also when the test panics): SIGTERM, then up to
-//! [`GRACE`] for it to exit, then SIGKILL.
+//! The one guard of every process the test bed or a test starts (etcd, the apiserver, the
+//! kubelet, `gpuops agent`, the extender, Prometheus, ...), with its stdout and stderr in one log
+//! file: the test waits for lines or other conditions on that output, and the process is stopped
+//! when the guard is dropped (also when the test panics): SIGTERM, then up to [`GRACE`] for it
+//! to exit, then SIGKILL.
 //!
-//! Like the test bed's own processes it is recorded in the run directory
-//! ([`crate::RUN_DIR_ENV`]) until it has exited, so scripts/test can stop what a killed test run
-//! left behind.
+//! Every process is also recorded in the run directory ([`RUN_DIR_ENV`], set by scripts/test)
+//! until it has exited, so that the script can name and stop exactly what a crashed test left
+//! running (instead of matching command lines, which also hits clusters others run from the
+//! same cache).
 
 use crate::BedError;
-use crate::process::{record, send, terminate};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -22,6 +23,9 @@ const POLL: Duration = Duration::from_millis(50);
 /// Lines of the log quoted in errors.
 const TAIL_LINES: usize = 40;
 
+/// The environment variable naming the directory where test-bed processes are recorded.
+pub const RUN_DIR_ENV: &str = "GPUOPS_TESTBED_RUN_DIR";
+
 /// A running child process, stopped on drop.
 #[derive(Debug)]
 pub struct ChildGuard {
@@ -29,6 +33,8 @@ pub struct ChildGuard {
     child: Child,
     /// Its exit status once reaped.
     status: Option<ExitStatus>,
+    /// Stopped or killed through the guard (not an unexpected exit).
+    stopped: bool,
     log: PathBuf,
     /// The directory holding the log when the caller gave none.
     _dir: Option<tempfile::TempDir>,
@@ -75,6 +81,7 @@ impl ChildGuard {
             name: name.to_string(),
             child,
             status: None,
+            stopped: false,
             log,
             _dir: dir,
             consumed: 0,
@@ -84,6 +91,28 @@ impl ChildGuard {
 
     pub fn id(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Its pid while it has not been reaped (stopped, killed or seen exited).
+    pub fn pid(&self) -> Option<u32> {
+        self.status.is_none().then(|| self.child.id())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// An error naming its exit status and the end of its log if it exited by itself.
+    pub fn check_alive(&mut self) -> Result<(), BedError> {
+        match self.try_wait() {
+            Some(status) if !self.stopped => Err(BedError::Exited {
+                what: self.name.clone(),
+                status: status.to_string(),
+                log: self.log.clone(),
+                tail: self.tail(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     pub fn log_path(&self) -> &Path {
@@ -97,9 +126,14 @@ impl ChildGuard {
 
     /// The last lines of its output, for failure messages.
     pub fn tail(&self) -> String {
+        self.last_lines(TAIL_LINES)
+    }
+
+    /// The last `n` lines of its output.
+    pub fn last_lines(&self, n: usize) -> String {
         let text = self.output();
         let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(TAIL_LINES)..].join("\n")
+        all[all.len().saturating_sub(n)..].join("\n")
     }
 
     /// Its exit status if it has exited (reaping it), without waiting.
@@ -199,8 +233,14 @@ impl ChildGuard {
         }
     }
 
+    /// Stops it: SIGTERM, up to [`GRACE`] for it to exit, then SIGKILL.
+    pub fn stop(&mut self) {
+        self.terminate(GRACE);
+    }
+
     /// Stops it: SIGTERM, up to `grace` for it to exit, then SIGKILL. Its exit status.
     pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        self.stopped = true;
         if self.status.is_none() {
             let status = terminate(&mut self.child, grace);
             if let Some(status) = status {
@@ -212,6 +252,7 @@ impl ChildGuard {
 
     /// Kills it at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) -> Option<ExitStatus> {
+        self.stopped = true;
         if self.status.is_none() {
             let _ = self.child.kill();
             if let Ok(status) = self.child.wait() {
@@ -235,6 +276,64 @@ impl Drop for ChildGuard {
     fn drop(&mut self) {
         self.terminate(GRACE);
     }
+}
+
+/// The process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with the pid
+/// it names one process even after the pid is reused.
+pub fn start_time(pid: u32) -> Option<u64> {
+    parse_start_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // The command name (field 2) is in parentheses and may hold spaces: count after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Records `pid` in the run directory (when there is one): a file named after the pid holding
+/// `<start time> <what>`. Returns the file, to remove once the process is gone.
+pub fn record(pid: u32, what: &str) -> Option<PathBuf> {
+    record_in(&PathBuf::from(std::env::var_os(RUN_DIR_ENV)?), pid, what)
+}
+
+fn record_in(dir: &Path, pid: u32, what: &str) -> Option<PathBuf> {
+    std::fs::create_dir_all(dir).ok()?;
+    let file = dir.join(format!("pid-{pid}"));
+    let line = format!(
+        "{} {}\n",
+        start_time(pid).unwrap_or(0),
+        what.replace('\n', " ")
+    );
+    std::fs::write(&file, line).ok()?;
+    Some(file)
+}
+
+/// How often a process being stopped is looked at.
+const TERMINATE_POLL: Duration = Duration::from_millis(50);
+
+pub(crate) fn send(signal: &str, target: &str) {
+    let _ = Command::new("kill")
+        .args(["-s", signal, "--", target])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// SIGTERM, up to `grace` for `child` to exit, then SIGKILL; reaps it. Its exit status (None
+/// only if it could not be reaped).
+pub(crate) fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    if let Ok(Some(status)) = child.try_wait() {
+        return Some(status);
+    }
+    send("TERM", &child.id().to_string());
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(TERMINATE_POLL.min(deadline.saturating_duration_since(Instant::now())));
+    }
+    let _ = child.kill();
+    child.wait().ok()
 }
 
 /// The lines of `out` that end with a newline: a line still being written is not matched yet.
@@ -306,6 +405,41 @@ mod tests {
         assert_eq!(status.code(), Some(7));
         assert!(started.elapsed() < Duration::from_secs(10));
         assert!(c.output().contains("bye"));
+    }
+
+    #[test]
+    fn the_start_time_is_field_22_even_when_the_command_name_has_spaces_and_parens() {
+        let stat = "4242 (a (weird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(stat), Some(987654));
+        assert_eq!(parse_start_time("4242 (truncated"), None);
+        assert_eq!(parse_start_time("4242 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn a_record_names_the_process_by_pid_and_start_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        let file = record_in(dir.path(), pid, "kube-apiserver\nsecond line").unwrap();
+        assert_eq!(file, dir.path().join(format!("pid-{pid}")));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let own = start_time(pid).unwrap();
+        assert!(own > 0);
+        assert_eq!(text, format!("{own} kube-apiserver second line\n"));
+    }
+
+    #[test]
+    fn an_unexpected_exit_is_an_error_and_a_stop_through_the_guard_is_not() {
+        let mut quitter = ChildGuard::spawn_temp("quitter", sh("echo bye; exit 3")).unwrap();
+        quitter.wait_exit(Duration::from_secs(30)).unwrap();
+        let e = quitter.check_alive().unwrap_err().to_string();
+        assert!(e.contains("quitter") && e.contains("bye"), "{e}");
+        assert_eq!(quitter.pid(), None);
+        let mut sleeper = ChildGuard::spawn_temp("sleeper", sh("exec sleep 60")).unwrap();
+        assert!(sleeper.check_alive().is_ok());
+        assert_eq!(sleeper.pid(), Some(sleeper.id()));
+        sleeper.stop();
+        assert!(sleeper.check_alive().is_ok(), "stopped on purpose");
+        assert_eq!(sleeper.pid(), None);
     }
 
     #[test]

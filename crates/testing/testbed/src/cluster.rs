@@ -1,7 +1,7 @@
 //! The control plane: etcd, kube-apiserver, and on request kube-scheduler, kube-controller-manager
 //! and KWOK, all on loopback with tokens for an admin and for least-privilege identities.
 
-use crate::process::Managed;
+use crate::child::ChildGuard;
 use crate::{BedError, binaries, free_port, wait_until};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,6 +44,39 @@ pub struct ClusterOptions {
     /// Extra kube-apiserver flags (e.g. the feature gate and API group that
     /// [`crate::Karpenter`] needs, see [`crate::KarpenterOptions::apiserver_args`]).
     pub apiserver_args: Vec<String>,
+    /// Feature gates turned on in the apiserver, the scheduler and the controller-manager (e.g.
+    /// [`DRA_FEATURE_GATES`]; a real node takes its own, [`crate::RealNodeOptions::feature_gates`]).
+    /// Empty: each component's defaults, as before.
+    pub feature_gates: Vec<String>,
+}
+
+/// The Kubernetes 1.35 gates that gpuops's DRA driver is tested with (reference/dra.md): device
+/// partitions (dynamic MIG), device taints (health) and the `nvidia.com/gpu` extended-resource
+/// mapping. They are alpha in 1.35, so off unless a test asks; `DynamicResourceAllocation` and
+/// `resource.k8s.io/v1` are GA and on by default.
+pub const DRA_FEATURE_GATES: [&str; 3] = [
+    "DRAPartitionableDevices",
+    "DRADeviceTaints",
+    "DRAExtendedResource",
+];
+
+/// `--feature-gates=A=true,B=true`, or nothing for no gates. Components merge repeated
+/// `--feature-gates` flags, so this may sit beside one in [`ClusterOptions::apiserver_args`].
+pub(crate) fn feature_gates_flag(gates: &[String]) -> Option<String> {
+    if gates.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = gates.iter().map(|g| format!("{g}=true")).collect();
+    Some(format!("--feature-gates={}", list.join(",")))
+}
+
+impl ClusterOptions {
+    /// These options with the DRA gates ([`DRA_FEATURE_GATES`]) on.
+    pub fn with_dra(mut self) -> ClusterOptions {
+        self.feature_gates
+            .extend(DRA_FEATURE_GATES.iter().map(|g| (*g).to_string()));
+        self
+    }
 }
 
 impl Default for ClusterOptions {
@@ -56,6 +89,7 @@ impl Default for ClusterOptions {
             scheduler_config: None,
             all_addresses: false,
             apiserver_args: Vec::new(),
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -64,11 +98,11 @@ impl Default for ClusterOptions {
 #[derive(Debug)]
 pub struct Cluster {
     // Field order matters: processes stop (drop) before the directory goes.
-    kwok: Option<Managed>,
-    controller_manager: Option<Managed>,
-    scheduler: Option<Managed>,
-    apiserver: Managed,
-    etcd: Managed,
+    kwok: Option<ChildGuard>,
+    controller_manager: Option<ChildGuard>,
+    scheduler: Option<ChildGuard>,
+    apiserver: ChildGuard,
+    etcd: ChildGuard,
     /// The apiserver's flags, to start it again on the same port after [`Cluster::stop_apiserver`].
     apiserver_args: Vec<String>,
     bin: PathBuf,
@@ -126,7 +160,7 @@ impl Cluster {
             "--unsafe-no-fsync",
             "--log-level=warn",
         ]);
-        let etcd = Managed::spawn("etcd", etcd_cmd, &root.join("etcd.log"))?;
+        let etcd = ChildGuard::spawn("etcd", etcd_cmd, &root.join("etcd.log"))?;
 
         let api_port = free_port()?;
         let base: &[&str] = &[
@@ -160,11 +194,13 @@ impl Cluster {
             "--allow-privileged=true",
         ];
         let mut apiserver_args: Vec<String> = base.iter().map(|a| (*a).to_string()).collect();
+        let gates = feature_gates_flag(&options.feature_gates);
+        apiserver_args.extend(gates.clone());
         apiserver_args.extend(options.apiserver_args.iter().cloned());
         let mut api_cmd = Command::new(bin.join("kube-apiserver"));
         api_cmd.args(&apiserver_args);
         let apiserver =
-            Managed::spawn("kube-apiserver", api_cmd, &root.join("kube-apiserver.log"))?;
+            ChildGuard::spawn("kube-apiserver", api_cmd, &root.join("kube-apiserver.log"))?;
 
         let mut cluster = Cluster {
             kwok: None,
@@ -188,6 +224,7 @@ impl Cluster {
             let port = free_port()?;
             let mut cmd = Command::new(cluster.bin.join("kube-scheduler"));
             cmd.args(component_args(&admin, port));
+            cmd.args(gates.clone());
             match &options.scheduler_config {
                 Some(extra) => {
                     let file = root.join("kube-scheduler-config.yaml");
@@ -203,7 +240,7 @@ impl Cluster {
                     cmd.arg("--leader-elect=false");
                 }
             }
-            cluster.scheduler = Some(Managed::spawn(
+            cluster.scheduler = Some(ChildGuard::spawn(
                 "kube-scheduler",
                 cmd,
                 &root.join("kube-scheduler.log"),
@@ -214,6 +251,7 @@ impl Cluster {
             let port = free_port()?;
             let mut cmd = Command::new(cluster.bin.join("kube-controller-manager"));
             cmd.args(component_args(&admin, port));
+            cmd.args(gates.clone());
             cmd.args([
                 "--leader-elect=false",
                 &format!(
@@ -231,7 +269,7 @@ impl Cluster {
                     root.join("flexvolume").display()
                 ),
             ]);
-            cluster.controller_manager = Some(Managed::spawn(
+            cluster.controller_manager = Some(ChildGuard::spawn(
                 "kube-controller-manager",
                 cmd,
                 &root.join("kube-controller-manager.log"),
@@ -249,12 +287,16 @@ impl Cluster {
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 "--node-lease-duration-seconds=40",
             ]);
-            cluster.kwok = Some(Managed::spawn("kwok", cmd, &root.join("kwok.log"))?);
-            // KWOK has no readiness endpoint worth depending on; a short pause and a liveness check.
-            std::thread::sleep(Duration::from_millis(500));
-            if let Some(k) = cluster.kwok.as_mut() {
-                k.check_alive()?;
-            }
+            let port = free_port()?;
+            cmd.arg(format!("--server-address=127.0.0.1:{port}"));
+            let mut kwok = ChildGuard::spawn("kwok", cmd, &root.join("kwok.log"))?;
+            // Its /healthz answers once it runs; one that exits (a bad flag) is reported at once.
+            let up = wait_until("KWOK's /healthz", READY, || {
+                kwok.check_alive().is_err() || crate::capi::http_ok(port, "/healthz")
+            });
+            kwok.check_alive()?;
+            up?;
+            cluster.kwok = Some(kwok);
         }
         Ok(cluster)
     }
@@ -387,7 +429,7 @@ impl Cluster {
         cmd.args(&self.apiserver_args);
         // A log of its own: the first run's log stays readable for what happened before.
         let log = self.dir.path().join("kube-apiserver-restarted.log");
-        self.apiserver = Managed::spawn("kube-apiserver", cmd, &log)?;
+        self.apiserver = ChildGuard::spawn("kube-apiserver", cmd, &log)?;
         self.wait_apiserver()
     }
 
@@ -404,8 +446,8 @@ impl Cluster {
                 return Err(BedError::NotReady {
                     what: "kube-apiserver".into(),
                     seconds: READY.as_secs(),
-                    log: self.apiserver.log.clone(),
-                    tail: self.apiserver.tail(20),
+                    log: self.apiserver.log_path().to_path_buf(),
+                    tail: self.apiserver.last_lines(20),
                 });
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -436,8 +478,8 @@ impl Cluster {
                 Err(BedError::NotReady {
                     what: what.to_string(),
                     seconds: READY.as_secs(),
-                    log: p.log.clone(),
-                    tail: p.tail(20),
+                    log: p.log_path().to_path_buf(),
+                    tail: p.last_lines(20),
                 })
             }
             (Err(e), None) => Err(e),
@@ -515,5 +557,22 @@ fn generate_key(path: &Path) -> Result<(), BedError> {
             "generating the service-account key",
             std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gates_become_one_flag_and_none_stays_none() {
+        assert_eq!(feature_gates_flag(&[]), None);
+        let options = ClusterOptions::default().with_dra();
+        assert_eq!(
+            feature_gates_flag(&options.feature_gates).as_deref(),
+            Some(
+                "--feature-gates=DRAPartitionableDevices=true,DRADeviceTaints=true,DRAExtendedResource=true"
+            )
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! GPU nodes played by the Go harness that embeds the kubelet's device manager, and the tiny test
 //! device plugin that registers with it.
 
-use crate::process::Managed;
+use crate::child::ChildGuard;
 use crate::{BedError, Cluster, wait_until};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,7 +15,7 @@ pub struct HarnessNode {
     dir: PathBuf,
     kubeconfig: PathBuf,
     bin: PathBuf,
-    process: Managed,
+    process: ChildGuard,
 }
 
 /// What the device manager allocated to one pod, as the harness recorded it.
@@ -161,7 +161,7 @@ impl HarnessNode {
             .dir
             .join(format!("plugin-{}.log", resource.replace('/', "_")));
         Ok(TestPlugin {
-            process: Managed::spawn("test-device-plugin", cmd, &log)?,
+            process: ChildGuard::spawn("test-device-plugin", cmd, &log)?,
         })
     }
 
@@ -177,7 +177,7 @@ fn spawn(
     name: &str,
     dir: &Path,
     log: &str,
-) -> Result<Managed, BedError> {
+) -> Result<ChildGuard, BedError> {
     let mut cmd = Command::new(bin.join("gpu-node-harness"));
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--node-name={name}"))
@@ -190,13 +190,13 @@ fn spawn(
             dir.join("pod-resources.sock").display()
         ))
         .arg(format!("--state-dir={}", dir.join("state").display()));
-    Managed::spawn(&format!("gpu-node-harness {name}"), cmd, &dir.join(log))
+    ChildGuard::spawn(&format!("gpu-node-harness {name}"), cmd, &dir.join(log))
 }
 
 /// A running test device plugin; stopped when dropped.
 #[derive(Debug)]
 pub struct TestPlugin {
-    process: Managed,
+    process: ChildGuard,
 }
 
 impl TestPlugin {

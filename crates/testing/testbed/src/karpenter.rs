@@ -18,11 +18,11 @@
 //! ```
 
 use crate::capi::http_ok;
+use crate::child::ChildGuard;
 use crate::infra::{
     FirstSeen, NodeView, STARTUP_TAINT, age_since_created, device_actions, execute_all,
 };
 use crate::kubectl::{Kubectl, Loop};
-use crate::process::Managed;
 use crate::scenario::{Autoscaler, Instance, Offer};
 use crate::{BedError, Cluster, free_port, wait_until};
 use serde_json::{Value, json};
@@ -170,7 +170,7 @@ pub struct NodeClaimInfo {
 #[derive(Debug)]
 pub struct Karpenter {
     _lag: Loop,
-    process: Managed,
+    process: ChildGuard,
     kube: Kubectl,
     dir: PathBuf,
     gpus_by_type: BTreeMap<String, u32>,
@@ -260,7 +260,7 @@ impl Cluster {
                 format!("--batch-max-duration={}ms", options.batch_max.as_millis()),
                 "--log-level=debug".to_string(),
             ]);
-        let mut process = Managed::spawn("karpenter", cmd, &dir.join("karpenter.log"))?;
+        let mut process = ChildGuard::spawn("karpenter", cmd, &dir.join("karpenter.log"))?;
         let ready = wait_until("Karpenter", READY, || {
             process.check_alive().is_ok() && http_ok(health, "/readyz")
         });
@@ -269,8 +269,8 @@ impl Cluster {
             return Err(BedError::NotReady {
                 what: "karpenter".into(),
                 seconds: READY.as_secs(),
-                log: process.log.clone(),
-                tail: process.tail(20),
+                log: process.log_path().to_path_buf(),
+                tail: process.last_lines(20),
             });
         }
 
@@ -321,8 +321,8 @@ impl Cluster {
             BedError::Timeout { what, seconds } => BedError::NotReady {
                 what,
                 seconds,
-                log: karpenter.process.log.clone(),
-                tail: karpenter.process.tail(20),
+                log: karpenter.process.log_path().to_path_buf(),
+                tail: karpenter.process.last_lines(20),
             },
             other => other,
         })?;

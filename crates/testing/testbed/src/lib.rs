@@ -15,18 +15,18 @@ mod harness;
 mod infra;
 mod karpenter;
 mod kubectl;
-mod process;
+pub mod node_view;
 pub mod rbac;
 mod real_node;
 pub mod scenario;
 
 pub use capi::{CAPI_BIN_ENV, CapiOptions, ClusterApi, DELETE_MACHINE, MachineInfo, PoolSpec};
 pub use child::ChildGuard;
-pub use cluster::{Cluster, ClusterOptions, User};
+pub use child::{RUN_DIR_ENV, start_time};
+pub use cluster::{Cluster, ClusterOptions, DRA_FEATURE_GATES, User};
 pub use harness::{Allocation, HarnessNode, TestPlugin};
 pub use infra::{MACHINE_LABEL, NodeShape, PROVIDER_ID_PREFIX, STARTUP_TAINT};
 pub use karpenter::{InstanceType, KARPENTER_BIN_ENV, Karpenter, KarpenterOptions, NodeClaimInfo};
-pub use process::{RUN_DIR_ENV, start_time};
 pub use real_node::{NodeImages, RealNode, RealNodeOptions, node_images};
 
 use std::path::PathBuf;

@@ -9,7 +9,7 @@
 //! containerd, its shims and the containers). The facts behind each setting are in
 //! reference/real-node.md.
 
-use crate::process::{Managed, record};
+use crate::child::{ChildGuard, record};
 use crate::{BedError, Cluster, binaries, free_port, wait_until};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -44,6 +44,18 @@ pub struct RealNodeOptions {
     pub images: Vec<PathBuf>,
     /// The kubelet's `nodeStatusUpdateFrequency`: how soon device-plugin resources reach the Node.
     pub status_update: Duration,
+    /// Feature gates turned on in the kubelet's configuration, e.g. [`crate::DRA_FEATURE_GATES`]
+    /// (the control plane takes the same through [`crate::ClusterOptions::feature_gates`]).
+    pub feature_gates: Vec<String>,
+}
+
+impl RealNodeOptions {
+    /// These options with the DRA gates ([`crate::DRA_FEATURE_GATES`]) on in the kubelet.
+    pub fn with_dra(mut self) -> RealNodeOptions {
+        self.feature_gates
+            .extend(crate::DRA_FEATURE_GATES.iter().map(|g| (*g).to_string()));
+        self
+    }
 }
 
 impl Default for RealNodeOptions {
@@ -52,6 +64,7 @@ impl Default for RealNodeOptions {
             labels: Vec::new(),
             images: Vec::new(),
             status_update: Duration::from_secs(2),
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -71,8 +84,8 @@ pub struct NodeImages {
 pub struct RealNode {
     /// The Node's name: the host name, which the apiserver resolves to reach the kubelet.
     pub name: String,
-    kubelet: Option<Managed>,
-    containerd: Option<Managed>,
+    kubelet: Option<ChildGuard>,
+    containerd: Option<ChildGuard>,
     ctr: PathBuf,
     socket: PathBuf,
     mount_ns: Option<String>,
@@ -156,7 +169,7 @@ impl RealNode {
     pub fn kubelet_log(&self) -> PathBuf {
         self.kubelet
             .as_ref()
-            .map(|k| k.log.clone())
+            .map(|k| k.log_path().to_path_buf())
             .unwrap_or_else(|| self.dir().join("kubelet.log"))
     }
 
@@ -233,7 +246,11 @@ impl RealNode {
     /// node, and plugins must register again.
     pub fn restart_kubelet(&mut self, cluster: &Cluster, crash: bool) -> Result<(), BedError> {
         if let Some(mut k) = self.kubelet.take() {
-            if crash { k.kill() } else { k.stop() }
+            if crash {
+                k.kill();
+            } else {
+                k.stop();
+            }
         }
         self.restarts += 1;
         self.spawn_kubelet(&kubelet_log_name(self.restarts))?;
@@ -245,7 +262,7 @@ impl RealNode {
         [self.kubelet.as_ref(), self.containerd.as_ref()]
             .into_iter()
             .flatten()
-            .filter_map(Managed::pid)
+            .filter_map(ChildGuard::pid)
             .collect()
     }
 
@@ -338,7 +355,7 @@ imports = []
     }
 
     fn start_containerd(&mut self, bin: &Path, root: &Path) -> Result<(), BedError> {
-        // unshare and sh exec in place, so the Managed pid is containerd's.
+        // unshare and sh exec in place, so the guard's pid is containerd's.
         let mut script = String::from("set -e\n");
         for (host, sub) in PRIVATE_DIRS {
             script.push_str(&format!(
@@ -354,7 +371,7 @@ imports = []
             .arg(root.join("containerd.toml"))
             // Its own shim must come first; runc is Debian's.
             .env("PATH", path_with(bin));
-        self.containerd = Some(Managed::spawn(
+        self.containerd = Some(ChildGuard::spawn(
             "containerd",
             cmd,
             &root.join("containerd.log"),
@@ -372,7 +389,7 @@ imports = []
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let pid = self.containerd.as_ref().and_then(Managed::pid);
+        let pid = self.containerd.as_ref().and_then(ChildGuard::pid);
         self.mount_ns = pid
             .and_then(|p| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok())
             .map(|l| l.to_string_lossy().into_owned());
@@ -397,7 +414,7 @@ imports = []
         let r = root.display();
         let port = free_port()?;
         let healthz = free_port()?;
-        let config = format!(
+        let mut config = format!(
             r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # Only cgroup v1 hierarchies are mounted here; kubelet 1.35 refuses v1 unless told.
@@ -438,6 +455,7 @@ serializeImagePulls: false
 "#,
             status = options.status_update.as_secs().max(1),
         );
+        config.push_str(&kubelet_feature_gates(&options.feature_gates));
         write(&root.join("kubelet.yaml"), &config)?;
         let mut args = vec![
             format!("--config={r}/kubelet.yaml"),
@@ -458,7 +476,7 @@ serializeImagePulls: false
         let pid = self
             .containerd
             .as_ref()
-            .and_then(Managed::pid)
+            .and_then(ChildGuard::pid)
             .ok_or_else(|| {
                 BedError::io(
                     "starting the kubelet",
@@ -466,7 +484,7 @@ serializeImagePulls: false
                 )
             })?;
         // In containerd's mount namespace, so that both see the same /var/lib/kubelet (nsenter
-        // execs in place for a mount namespace: the Managed pid is the kubelet's).
+        // execs in place for a mount namespace: the guard's pid is the kubelet's).
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--mount=/proc/{pid}/ns/mnt"))
             .arg("--")
@@ -476,7 +494,7 @@ serializeImagePulls: false
                 "PATH",
                 path_with(self.kubelet_bin.parent().unwrap_or(Path::new("/"))),
             );
-        self.kubelet = Some(Managed::spawn("kubelet", cmd, &self.dir().join(log))?);
+        self.kubelet = Some(ChildGuard::spawn("kubelet", cmd, &self.dir().join(log))?);
         Ok(())
     }
 
@@ -517,8 +535,10 @@ serializeImagePulls: false
         BedError::NotReady {
             what: what.to_string(),
             seconds,
-            log: process.map(|p| p.log.clone()).unwrap_or_default(),
-            tail: process.map(|p| p.tail(30)).unwrap_or_default(),
+            log: process
+                .map(|p| p.log_path().to_path_buf())
+                .unwrap_or_default(),
+            tail: process.map(|p| p.last_lines(30)).unwrap_or_default(),
         }
     }
 
@@ -587,6 +607,18 @@ impl Drop for RealNode {
     fn drop(&mut self) {
         self.teardown();
     }
+}
+
+/// The KubeletConfiguration's `featureGates:` map for `gates`, nothing when there are none.
+fn kubelet_feature_gates(gates: &[String]) -> String {
+    if gates.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from("featureGates:\n");
+    for gate in gates {
+        text.push_str(&format!("  {gate}: true\n"));
+    }
+    text
 }
 
 fn kubelet_log_name(restart: u32) -> String {
@@ -715,7 +747,7 @@ fn restore_sysctls(saved: &[(String, String)]) {
 
 /// A record for scripts/test: if this process dies without dropping the node, the script kills
 /// what runs in its mount namespace and its kubepods cgroups, restores the sysctls, deletes the
-/// bridge and the mount points it created (see process::record).
+/// bridge and the mount points it created (see child::record).
 fn record_node(node: &RealNode) -> Option<PathBuf> {
     let file = record(std::process::id(), "real node")?;
     let mut text = format!("bridge {}\n", node.bridge);
@@ -805,5 +837,23 @@ fn remove_kubepods_cgroups() {
                 eprintln!("real node: could not remove cgroup {}: {e}", d.display());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubelet_gates_are_a_config_map_and_absent_by_default() {
+        assert_eq!(
+            kubelet_feature_gates(&RealNodeOptions::default().feature_gates),
+            ""
+        );
+        let options = RealNodeOptions::default().with_dra();
+        assert_eq!(
+            kubelet_feature_gates(&options.feature_gates),
+            "featureGates:\n  DRAPartitionableDevices: true\n  DRADeviceTaints: true\n  DRAExtendedResource: true\n"
+        );
     }
 }

@@ -35,7 +35,8 @@ const EXTENDER: &[Grant<'static>] = &[
 ];
 
 /// The controller, from what its code calls: reflectors (list, watch) on nodes, pods, PDBs,
-/// MachineDeployments and Machines; cordon (patch nodes); evictions; a Machine read and annotated
+/// MachineDeployments, Machines, ResourceClaims, ResourceClaimTemplates and DeviceClasses;
+/// cordon (patch nodes); evictions; a Machine read and annotated
 /// before its pool's scale subresource is lowered; events.k8s.io Events (kube's Recorder creates,
 /// then patches a repeat); in its own namespace the leader Lease (kube-lease-manager: get, create,
 /// patch) and the status ConfigMap (server-side apply: patch, create the first time). The MIG
@@ -63,6 +64,25 @@ const CONTROLLER: &[Grant<'static>] = &[
         "cluster.x-k8s.io",
         "machines",
         &["get", "list", "watch", "patch"],
+        None,
+    ),
+    // Reflectors on the DRA objects: pending pods' ResourceClaims are demand.
+    (
+        "resource.k8s.io",
+        "resourceclaims",
+        &["get", "list", "watch"],
+        None,
+    ),
+    (
+        "resource.k8s.io",
+        "resourceclaimtemplates",
+        &["get", "list", "watch"],
+        None,
+    ),
+    (
+        "resource.k8s.io",
+        "deviceclasses",
+        &["get", "list", "watch"],
         None,
     ),
     ("events.k8s.io", "events", &["create", "patch"], None),

@@ -145,3 +145,66 @@ fn links_named_gpo() -> usize {
         .filter(|l| l.split(": ").nth(1) == Some(own.as_str()))
         .count()
 }
+
+/// The DRA gates reach every component: the apiserver keeps the fields only the alpha gates
+/// allow (a device's taints, shared counters, a DeviceClass's extendedResourceName; with a gate
+/// off it drops them silently), the scheduler and controller-manager start with them, and the
+/// kubelet runs with them and has its plugin registration directory.
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn the_dra_gates_reach_the_control_plane_and_the_kubelet() {
+    let cluster = Cluster::start(
+        ClusterOptions {
+            controller_manager: true,
+            ..ClusterOptions::default()
+        }
+        .with_dra(),
+    )
+    .unwrap();
+    let node = RealNode::start(&cluster, RealNodeOptions::default().with_dra()).unwrap();
+    cluster
+        .apply(
+            "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: gates.example.com\nspec:\n  extendedResourceName: example.com/gate\n  selectors:\n  - cel:\n      expression: device.driver == 'gates.example.com'\n",
+        )
+        .unwrap();
+    let slice = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata:\n  name: gates-counters\nspec:\n  driver: gates.example.com\n  nodeName: {n}\n  pool:\n    name: {n}\n    generation: 1\n    resourceSliceCount: 2\n  sharedCounters:\n  - name: gpu-0-counter-set\n    counters:\n      memory:\n        value: 80Gi\n---\napiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata:\n  name: gates-devices\nspec:\n  driver: gates.example.com\n  nodeName: {n}\n  pool:\n    name: {n}\n    generation: 1\n    resourceSliceCount: 2\n  devices:\n  - name: gpu-0\n    consumesCounters:\n    - counterSet: gpu-0-counter-set\n      counters:\n        memory:\n          value: 80Gi\n    taints:\n    - key: gpu.nvidia.com/xid\n      value: \"79\"\n      effect: NoSchedule\n",
+        n = node.name
+    );
+    cluster.apply(&slice).unwrap();
+    let class = cluster
+        .get_json(&["deviceclass", "gates.example.com"])
+        .unwrap();
+    assert_eq!(
+        class["spec"]["extendedResourceName"], "example.com/gate",
+        "DRAExtendedResource on in the apiserver: {class}"
+    );
+    let devices = cluster
+        .get_json(&["resourceslice", "gates-devices"])
+        .unwrap();
+    let device = &devices["spec"]["devices"][0];
+    assert_eq!(
+        device["taints"][0]["key"], "gpu.nvidia.com/xid",
+        "DRADeviceTaints on: {devices}"
+    );
+    assert_eq!(
+        device["consumesCounters"][0]["counterSet"], "gpu-0-counter-set",
+        "DRAPartitionableDevices on: {devices}"
+    );
+    let counters = cluster
+        .get_json(&["resourceslice", "gates-counters"])
+        .unwrap();
+    assert_eq!(
+        counters["spec"]["sharedCounters"][0]["name"], "gpu-0-counter-set",
+        "{counters}"
+    );
+    let config = std::fs::read_to_string(node.dir().join("kubelet.yaml")).unwrap();
+    assert!(
+        config.contains("featureGates:\n  DRAPartitionableDevices: true"),
+        "{config}"
+    );
+    assert!(
+        node.dir().join("kubelet/plugins_registry").is_dir(),
+        "the kubelet's plugin registration directory, where a DRA driver registers"
+    );
+}

@@ -78,6 +78,31 @@ pub struct Args {
     nvidia: NvidiaFlags,
     #[command(flatten)]
     cdi: CdiFlags,
+    #[command(flatten)]
+    dra: DraFlags,
+}
+
+/// The DRA driver (docs/dra.md).
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "Dynamic Resource Allocation (docs/dra.md)")]
+pub struct DraFlags {
+    /// Serve the GPUs as DRA driver gpu.nvidia.com (NVIDIA's names): register with the kubelet,
+    /// publish the node's ResourceSlices, prepare claims with a CDI spec each (in --cdi-spec-dir,
+    /// default /var/run/cdi). Needs --kubernetes and --no-device-plugin: a node's GPUs are
+    /// served by one of the two, never both.
+    #[arg(long, env = "GPUOPS_DRA")]
+    dra: bool,
+    /// The kubelet's plugin registration directory [default: /var/lib/kubelet/plugins_registry].
+    #[arg(long, env = "GPUOPS_DRA_REGISTRY_DIR", value_name = "DIR")]
+    dra_registry_dir: Option<PathBuf>,
+    /// The kubelet's plugins directory; the driver's socket and checkpoint go in
+    /// <DIR>/gpu.nvidia.com [default: /var/lib/kubelet/plugins].
+    #[arg(long, env = "GPUOPS_DRA_PLUGINS_DIR", value_name = "DIR")]
+    dra_plugins_dir: Option<PathBuf>,
+    /// Mark unhealthy devices with device taints instead of leaving them out of the slice
+    /// (the cluster's DRADeviceTaints feature gate must be on).
+    #[arg(long, env = "GPUOPS_DRA_DEVICE_TAINTS")]
+    dra_device_taints: bool,
 }
 
 /// The CDI spec the agent writes for the `cdi-annotations` / `cdi-cri` device list strategies.
@@ -250,6 +275,7 @@ pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
             cdi_spec_dir: Some(String::new()),
             cdi_hook_path: None,
         },
+        dra: DraFlags::default(),
     })
 }
 
@@ -327,6 +353,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     for note in &dcgm.ignored {
         tracing::warn!("{note}");
     }
+    // Refused before anything is opened: the message says which flag to change.
+    gpuops_agent::check_dra_flags(args.dra.dra, !args.no_device_plugin, args.node.kubernetes)?;
     // Preparing may set the simulator's environment: do it before the runtime starts threads.
     let (library, simulation) = gpu_source::prepare(&args.c.gpus)?;
     let (source, config) = prepare::config_source(
@@ -411,6 +439,59 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Some(c) => println!("  CDI spec       {}", c.path.display()),
         None => println!("  CDI spec       not written (--cdi-spec-dir)"),
     }
+    let dra = args.dra.dra.then(|| {
+        // Claims get their own specs beside the node's, in --cdi-spec-dir or the default.
+        let dir = args
+            .cdi
+            .cdi_spec_dir
+            .clone()
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| match sim_state {
+                Some(s) => s.join("cdi").display().to_string(),
+                None => gpuops_resources::cdi::DEFAULT_SPEC_DIR.to_string(),
+            });
+        let roots = prepare::cdi_config(
+            Some(&dir),
+            args.cdi.cdi_hook_path.clone(),
+            &config,
+            sim_state.map(|state_dir| prepare::SimulatedRoots {
+                state_dir,
+                driver_root: state_dir.join(gpuops_sim::devnodes::DRIVER_ROOT),
+            }),
+        );
+        let plugin = gpuops_agent::DraPluginConfig::new(
+            gpuops_agent::DRA_DRIVER_NAME,
+            &args
+                .dra
+                .dra_registry_dir
+                .clone()
+                .unwrap_or_else(|| gpuops_kubelet_api::PLUGINS_REGISTRY_DIR.into()),
+            &args
+                .dra
+                .dra_plugins_dir
+                .clone()
+                .unwrap_or_else(|| gpuops_kubelet_api::PLUGINS_DIR.into()),
+        );
+        println!(
+            "  DRA            driver {} at {}, claims' CDI specs in {dir}",
+            plugin.driver,
+            plugin.registration_socket().display()
+        );
+        gpuops_agent::DraConfig {
+            plugin,
+            cdi_dir: PathBuf::from(&dir),
+            probe_root: roots
+                .as_ref()
+                .map(|r| r.probe_root.clone())
+                .unwrap_or_else(|| PathBuf::from("/")),
+            spec_options: roots.map(|r| r.options).unwrap_or_default(),
+            options: gpuops_agent::DraOptions {
+                device_taints: args.dra.dra_device_taints,
+                ..gpuops_agent::DraOptions::default()
+            },
+            resync: Duration::from_secs(60),
+        }
+    });
     let published = gpuops_agent::publish(
         &first,
         &config,
@@ -478,6 +559,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         nvml_libraries: libraries,
         sysfs_root: args.c.gpus.sysfs_root.clone(),
         cdi,
+        dra,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -49,8 +49,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let policy = PolicyKind::parse(&args.policy).context("--policy")?;
     let workload: Option<Vec<PodSpec>> = match &args.workload {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("--workload: cannot read {}", path.display()))?;
+            let text = super::read_input(
+                path,
+                "--workload",
+                gpuops_yamlpos::MAX_TRACE_BYTES,
+                "a trace",
+            )?;
             Some(
                 gpuops_packing::parse_pods(&path.display().to_string(), &text)
                     .map_err(|e| anyhow!("--workload: {e}"))?,

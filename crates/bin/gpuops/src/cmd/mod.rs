@@ -12,12 +12,24 @@ pub mod flags;
 pub mod inventory;
 pub mod manifests;
 pub mod mig;
+pub mod migrate;
 pub mod sim;
 pub mod simulate;
 pub mod simulate_autoscale;
 pub mod top;
 
+use std::path::Path;
 use std::time::Duration;
+
+/// Reads an input file given with `flag` through the shared size and encoding check (at most
+/// `max` bytes of UTF-8; a UTF-16 or binary file is named as such), one message naming the flag
+/// and the file.
+pub fn read_input(path: &Path, flag: &str, max: u64, what: &str) -> anyhow::Result<String> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| anyhow::anyhow!("{flag}: cannot read {}: {e}", path.display()))?;
+    gpuops_yamlpos::read_text(file, max, what)
+        .map_err(|e| anyhow::anyhow!("{flag}: {}: {e}", path.display()))
+}
 
 /// Parses a flag's duration: Go/Kubernetes style (`500ms`, `10s`, `1m30s`, `1h2m3.5s`; a bare
 /// number is seconds). Zero is refused because every duration flag is an interval or a timeout.

@@ -170,8 +170,7 @@ fn read_trace<T>(
     flag: &str,
     parse: fn(&str, &str) -> gpuops_packing::Result<Vec<T>>,
 ) -> Result<Vec<T>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{flag}: cannot read {}", path.display()))?;
+    let text = super::read_input(path, flag, gpuops_yamlpos::MAX_TRACE_BYTES, "a trace")?;
     parse(&path.display().to_string(), &text).map_err(|e| anyhow!("{flag}: {e}"))
 }
 

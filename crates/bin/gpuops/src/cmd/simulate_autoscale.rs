@@ -89,12 +89,20 @@ fn parse_policies(s: &str) -> Result<Vec<PolicyName>> {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let policies = parse_policies(&args.policies)?;
-    let pools_text = std::fs::read_to_string(&args.pools)
-        .with_context(|| format!("--pools: cannot read {}", args.pools.display()))?;
+    let pools_text = super::read_input(
+        &args.pools,
+        "--pools",
+        gpuops_yamlpos::MAX_CONFIG_BYTES,
+        "a pools file",
+    )?;
     let pools = gpuops_replay::parse_pools(&args.pools.display().to_string(), &pools_text)
         .map_err(|e| anyhow!("--pools: {e}"))?;
-    let pods_text = std::fs::read_to_string(&args.pods)
-        .with_context(|| format!("--pods: cannot read {}", args.pods.display()))?;
+    let pods_text = super::read_input(
+        &args.pods,
+        "--pods",
+        gpuops_yamlpos::MAX_TRACE_BYTES,
+        "a trace",
+    )?;
     let trace = gpuops_replay::parse_timed_pods(&args.pods.display().to_string(), &pods_text)
         .map_err(|e| anyhow!("--pods: {e}"))?;
     let show = args.progress || std::io::stderr().is_terminal();

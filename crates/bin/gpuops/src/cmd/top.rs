@@ -56,16 +56,41 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let collected = runtime.block_on(async {
-        let client = if args.metrics.metrics_from == Some(MetricsFrom::Agents) {
+    // A cluster named on the command line is also asked for the GPUs DRA claims hold; metrics
+    // alone (--prometheus, --metrics) need no cluster, so none is contacted then.
+    let agents = args.metrics.metrics_from == Some(MetricsFrom::Agents);
+    let cluster_named = args.kube.kubeconfig.is_some() || args.kube.context.is_some();
+    let (collected, claims) = runtime.block_on(async {
+        let client = if agents {
             Some(args.kube.client().await?)
+        } else if cluster_named {
+            // Only for the claims: a cluster that cannot be reached is a note, as before.
+            match args.kube.client().await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    eprintln!("could not read ResourceClaims: {e:#}");
+                    None
+                }
+            }
         } else {
             None
         };
-        gpuops_observe::collect(&args.metrics.sources(), client.as_ref(), None)
+        let collected = gpuops_observe::collect(&args.metrics.sources(), client.as_ref(), None)
             .await
-            .map_err(anyhow::Error::from)
+            .map_err(anyhow::Error::from)?;
+        let claims = match &client {
+            Some(c) => gpuops_observe::dra::claims(c).await,
+            None => Ok(Vec::new()),
+        };
+        anyhow::Ok((collected, claims))
     })?;
+    let claims = match claims {
+        Ok(c) => top::claim_devices(&c),
+        Err(why) => {
+            eprintln!("could not read ResourceClaims: {why}");
+            Vec::new()
+        }
+    };
     for u in &collected.unread {
         eprintln!("could not read {u}");
     }
@@ -75,7 +100,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let samples = &collected.samples;
     let text = match args.what {
         What::Nodes => {
-            let rows = top::nodes(samples);
+            let mut rows = top::nodes(samples);
+            top::add_claims_to_nodes(&mut rows, &claims);
             output::structured(&rows, args.output)?.unwrap_or_else(|| render::nodes_table(&rows))
         }
         What::Gpus => {
@@ -84,6 +110,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         What::Pods => {
             let mut rows = top::pods(samples);
+            top::add_claims_to_pods(&mut rows, &claims);
             if let Some(ns) = &args.namespace {
                 rows.retain(|r| &r.namespace == ns);
             }
@@ -92,7 +119,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     };
     print!("{text}");
-    if samples.is_empty() {
+    if samples.is_empty() && claims.is_empty() {
         eprintln!("no GPU samples found ({})", collected.from.join(", "));
     }
     Ok(ExitCode::SUCCESS)

@@ -127,6 +127,14 @@ fn fix_for(class: XidClass, n: &NodeView<'_>, gpus: &str, lost: bool) -> String 
              have it replaced; then kubectl uncordon {node}"
         );
     }
+    // No index reported: after a drain no process holds any GPU, so resetting them all is safe.
+    if gpus.is_empty() && matches!(class, XidClass::Drain | XidClass::ResetGpu) {
+        return format!(
+            "{drain}; reset the node's GPUs (nvidia-smi -r; no index was reported, and \
+             nvidia-smi -q on the node shows which GPU has the errors) or reboot; if it repeats, \
+             replace the GPU; then kubectl uncordon {node}"
+        );
+    }
     match class {
         XidClass::Drain => format!(
             "{drain}; reset the GPU (nvidia-smi -r -i {gpus}) or reboot; if it repeats, replace the GPU; then kubectl uncordon {node}"
@@ -232,14 +240,7 @@ fn node_health(n: &NodeView<'_>, host: Option<&Host>) -> Vec<Finding> {
         app_only: true,
         ..Signs::default()
     };
-    let cond = n
-        .node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .find(|c| c.type_ == CONDITION);
+    let cond = n.condition(CONDITION);
     let report = published(n);
     let mut out = Vec::new();
     if let Published::Invalid(why) = &report {
@@ -445,10 +446,19 @@ fn health_finding(
         .filter(|c| *c != XidClass::Application || app_only)
         .max_by_key(|c| class_rank(*c))
         .unwrap_or(XidClass::ResetGpu);
-    let gpu_list = if gpus.is_empty() {
-        "<index>".to_string()
-    } else {
-        gpus.iter().cloned().collect::<Vec<_>>().join(",")
+    let gpu_list = gpus.iter().cloned().collect::<Vec<_>>().join(",");
+    // Without an index, the title counts what the device plugin withholds instead.
+    let withheld: i64 = n
+        .capacity
+        .iter()
+        .map(|(r, cap)| (cap - n.allocatable_of(r)).max(0))
+        .max()
+        .unwrap_or(0);
+    let which = match (gpus.len(), withheld) {
+        (0, 0) => "a GPU (no index reported)".to_string(),
+        (0, 1) => "1 GPU device".to_string(),
+        (0, w) => format!("{w} GPU devices"),
+        _ => format!("GPU {gpu_list}"),
     };
     let (code, title) = if app_only {
         (
@@ -466,7 +476,7 @@ fn health_finding(
     {
         (
             "gpu-unhealthy",
-            format!("Node {}: GPU {gpu_list} unhealthy", n.name),
+            format!("Node {}: {which} unhealthy", n.name),
         )
     } else {
         (
@@ -541,7 +551,7 @@ fn withheld_fix(n: &NodeView<'_>) -> String {
     format!(
         "the device plugin's log says which devices it marks unhealthy and why ({log}); so does \
          kubectl describe node {0} when the agent sets GPUHealthy; reset a faulty GPU \
-         (nvidia-smi -r -i <index>) or drain and reboot {0}; the plugin advertises the device again \
+         (nvidia-smi -r -i with the index the log names) or drain and reboot {0}; the plugin advertises the device again \
          once it is healthy",
         n.name
     )
@@ -587,6 +597,41 @@ mod tests {
             vec![48, 79]
         );
         assert!(xids_in("all healthy").is_empty());
+    }
+
+    #[test]
+    fn no_index_reported_is_counted_not_printed_as_a_placeholder() {
+        // The agent's wording on a node where it names no index; the plugin withholds 2 of 8.
+        let mut n = gpu_node("g1", "nvidia.com/gpu", 8);
+        set_resource(&mut n, "nvidia.com/gpu", 8, 6);
+        condition(
+            &mut n,
+            "GPUHealthy",
+            "False",
+            "XidError",
+            "GPU unhealthy: XID 48",
+        );
+        let f = run(&snapshot(vec![n.clone()], vec![], vec![]));
+        let got = one(&f, "gpu-unhealthy");
+        assert_eq!(got.title, "Node g1: 2 GPU devices unhealthy");
+        assert!(
+            !format!("{f:?}").contains("<index>") && got.fix.contains("nvidia-smi -r;"),
+            "{got:#?}"
+        );
+        // Nothing withheld and no index: said in words.
+        let mut n = gpu_node("g2", "nvidia.com/gpu", 8);
+        condition(
+            &mut n,
+            "GPUHealthy",
+            "False",
+            "XidError",
+            "GPU unhealthy: XID 48",
+        );
+        let f = run(&snapshot(vec![n], vec![], vec![]));
+        assert_eq!(
+            one(&f, "gpu-unhealthy").title,
+            "Node g2: a GPU (no index reported) unhealthy"
+        );
     }
 
     #[test]

@@ -24,7 +24,10 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
             Some("success") | None => {
                 let configs =
                     configs.get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
-                out.extend(layout_differs(n, wanted, configs));
+                // Applied, but the single strategy cannot advertise it: mig-strategy-conflict.
+                if super::migstrategy::conflict(n, configs).is_none() {
+                    out.extend(layout_differs(n, wanted, configs));
+                }
             }
             Some(_) => {}
         }

@@ -1,12 +1,20 @@
 //! The rules, one small module per area; each returns findings for the indexed cluster.
 
+mod accounting;
+mod broken;
+mod claims;
 mod cost;
 mod health;
+mod kubelet;
 mod memory;
 mod mig;
+mod migstrategy;
 mod moves;
 mod nodes;
 mod pending;
+mod preempt;
+mod refused;
+mod unexplained;
 mod workload;
 
 /// The taint the agent puts on a node with an unhealthy GPU.
@@ -25,9 +33,16 @@ pub(crate) fn run_all(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     out.extend(workload::check(c, o));
     out.extend(nodes::check(c, o));
     out.extend(mig::check(c, o));
+    out.extend(migstrategy::check(c, o));
     out.extend(health::check(c, o));
     out.extend(memory::check(c, o));
     out.extend(cost::check(c, o));
+    out.extend(kubelet::check(c, o));
+    out.extend(refused::check(c, o));
+    out.extend(claims::check(c, o));
+    // Last: it reads what every other rule found.
+    let unexplained = unexplained::check(c, o, &out);
+    out.extend(unexplained);
     out
 }
 

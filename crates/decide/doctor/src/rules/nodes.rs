@@ -11,9 +11,20 @@ use std::collections::BTreeMap;
 
 pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     let mut out = Vec::new();
+    let mut configs = None;
     for n in c.gpu_nodes() {
         out.extend(not_ready(c, n));
-        out.extend(zero_allocatable(n));
+        // A single-strategy node with a mixed layout advertises nothing by design, not for want
+        // of registration: its own finding says so (mig-strategy-conflict).
+        let conflict = n.label(crate::cluster::MIG_STRATEGY) == Some("single")
+            && super::migstrategy::conflict(
+                n,
+                configs.get_or_insert_with(gpuops_mig::config::nvidia_default_configs),
+            )
+            .is_some();
+        if !conflict {
+            out.extend(zero_allocatable(n));
+        }
         out.extend(old_driver(n, o));
     }
     out.extend(mixed_drivers(c));

@@ -47,7 +47,12 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     };
     pending
         .iter()
-        .filter_map(|p| diagnose_pod(&mut ctx, p))
+        .filter_map(|p| {
+            let f = diagnose_pod(&mut ctx, p)?;
+            // Advice only from what accounts for every node the scheduler names.
+            let said = scheduler_says(c, p).map(|s| s.1);
+            Some(super::accounting::account(f, said.as_deref()))
+        })
         .collect()
 }
 
@@ -153,23 +158,16 @@ fn scheduler_says(c: &Cluster<'_>, p: &PodView<'_>) -> Option<(String, String)> 
             e.message.clone().unwrap_or_default(),
         ));
     }
-    p.pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .find(|cond| cond.type_ == "PodScheduled" && cond.status == "False")
-        .and_then(|cond| {
-            let msg = cond.message.clone()?;
-            Some((
-                format!(
-                    "PodScheduled=False {}: {msg}",
-                    cond.reason.as_deref().unwrap_or("")
-                ),
-                msg,
-            ))
-        })
+    crate::cluster::unscheduled(p.pod).and_then(|cond| {
+        let msg = cond.message.clone()?;
+        Some((
+            format!(
+                "PodScheduled=False {}: {msg}",
+                cond.reason.as_deref().unwrap_or("")
+            ),
+            msg,
+        ))
+    })
 }
 
 fn base(severity: Severity, code: &'static str, title: String, p: &PodView<'_>) -> Finding {
@@ -197,11 +195,15 @@ fn could_serve(n: &NodeView<'_>, p: &PodView<'_>) -> bool {
             && p.gpus.keys().all(|r| r == GPU))
 }
 
-// Long: an ordered ladder of reasons (1-6, first match wins), kept together to read in order.
+// Long on purpose: an ordered ladder of reasons (1-6, first match wins), kept together to read in order.
 fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
     let c = x.c;
     let gpu_nodes = x.gpu_nodes;
     let said = scheduler_says(c, p);
+    // Nominated after preempting pods there: waiting for the victims is not a shortage.
+    if let Some(f) = super::preempt::in_progress(c, p) {
+        return Some(with_scheduler(f, &said));
+    }
     let want = resources::describe(&p.gpus);
     let who = format!("{}/{}", p.namespace, p.name);
     // The node lists depend only on the pod's shape (GPUs, selectors, tolerations): pods of one
@@ -246,6 +248,13 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
             .filter(|n| fit::selects(p.pod, n.name, n.labels))
             .collect();
         if !picked.is_empty() && !picked.iter().any(|n| p.gpus.keys().all(|r| n.offers(r))) {
+            // A picked node whose failed MIG apply would have offered it is broken, not mismatched.
+            let configs = x
+                .configs
+                .get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
+            if let Some(f) = super::broken::explains(c, p, configs) {
+                return Some(with_scheduler(f, &said));
+            }
             let (r, n) = p
                 .gpus
                 .iter()
@@ -272,13 +281,23 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
     // 2. A resource no node offers at all (unless nodes that would are down).
     for (r, n) in &p.gpus {
         if !offered_up.contains(r) {
-            if !down.is_empty() {
-                return Some(with_scheduler(unavailable(c, p, &down, None), &said));
-            }
+            // Nodes that would offer it but for a strategy that cannot: name them rather than
+            // ask for a resource or a config again.
             let configs = x
                 .configs
                 .get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
-            let f = mismatch(p, r, *n, gpu_nodes, configs);
+            if let Some(f) = super::broken::strategy_conflict(c, p, configs) {
+                return Some(with_scheduler(f, &said));
+            }
+            // Broken GPUs or a failed MIG apply that would offer it.
+            let broken = super::broken::explains(c, p, configs);
+            if !down.is_empty() {
+                return Some(with_scheduler(unavailable(c, p, &down, None), &said));
+            }
+            let mut f = mismatch(p, r, *n, gpu_nodes, configs);
+            if let Some(b) = broken {
+                f = super::broken::instead_of(c, f, b);
+            }
             x.mismatches.insert(key, (who, f.clone()));
             return Some(with_scheduler(f, &said));
         }
@@ -297,6 +316,13 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
 
     // 3. nodeSelector / required node affinity, then the nodes that are up.
     if up.is_empty() {
+        // The picked nodes advertise nothing because their MIG strategy cannot: say that.
+        let configs = x
+            .configs
+            .get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
+        if let Some(f) = super::broken::strategy_conflict(c, p, configs) {
+            return Some(with_scheduler(f, &said));
+        }
         if !down.is_empty() {
             return Some(with_scheduler(unavailable(c, p, &down, None), &said));
         }
@@ -357,6 +383,15 @@ fn diagnose_pod(x: &mut Ctx<'_, '_>, p: &PodView<'_>) -> Option<Finding> {
     // 6. Room somewhere?
     if tolerated.iter().any(|n| has_room(n)) {
         return fits_anyway(x, p, &tolerated, &said, &want);
+    }
+    // No room: unhealthy GPUs withheld or a failed MIG apply on a node that would have it.
+    {
+        let configs = x
+            .configs
+            .get_or_insert_with(gpuops_mig::config::nvidia_default_configs);
+        if let Some(f) = super::broken::explains(c, p, configs) {
+            return Some(with_scheduler(down_evidence(f, c, &down), &said));
+        }
     }
     let short: Vec<(&String, i64, i64)> = p
         .gpus

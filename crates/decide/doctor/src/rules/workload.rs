@@ -202,18 +202,55 @@ fn quota_exceeded(c: &Cluster<'_>) -> Vec<Finding> {
                 list_some(holders.iter().map(|(n, g)| format!("{ns}/{n} ({g})")), 8)
             ));
         }
-        let raise = keys.first().map(|(k, _, hard)| {
-            let more = resources::count(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
-                hard.clone(),
-            ))
-            .map_or(1, |h| h + 1);
-            (
-                k.clone(),
-                format!(
-                    "kubectl -n {ns} patch resourcequota {quota} --type=merge -p '{{\"spec\":{{\"hard\":{{\"{k}\":\"{more}\"}}}}}}'"
-                ),
-            )
-        });
+        // The patch raises every exceeded GPU key to what the blocked pods need: used plus the
+        // missing replicas times one pod's request (at least one replica), from the message's
+        // own numbers, which are the apiserver's at the time of the refusal.
+        let numbers = QuotaNumbers::parse(m);
+        let ctl = c
+            .snapshot
+            .controllers
+            .iter()
+            .find(|x| x.kind == kind && x.namespace == ns && x.name == name);
+        let blocked = ctl
+            .and_then(|x| Some(x.replicas? - x.current.unwrap_or(0)))
+            .filter(|b| *b > 0)
+            .unwrap_or(1);
+        let raised: Vec<(String, i64)> = numbers
+            .exceeded()
+            .into_iter()
+            .filter(|(k, ..)| k.contains("nvidia.com/"))
+            .map(|(k, requested, used, limited)| (k, limited.max(used + blocked * requested)))
+            .collect();
+        if !raised.is_empty() {
+            f = f.evidence(format!(
+                "{blocked} pod{} blocked, each asking for {}",
+                if blocked == 1 { "" } else { "s" },
+                numbers
+                    .requested
+                    .iter()
+                    .filter(|(k, _)| k.contains("nvidia.com/"))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let raise = if raised.is_empty() {
+            // The message did not parse: one more than the quota's hard limit, as before.
+            keys.first().map(|(k, _, hard)| {
+                let more = resources::count(
+                    &k8s_openapi::apimachinery::pkg::api::resource::Quantity(hard.clone()),
+                )
+                .map_or(1, |h| h + 1);
+                (k.clone(), patch(ns, quota, &[(k.clone(), more)]))
+            })
+        } else {
+            let names = raised
+                .iter()
+                .map(|(k, v)| format!("{k} to {v}"))
+                .collect::<Vec<_>>()
+                .join(" and ");
+            Some((names, patch(ns, quota, &raised)))
+        };
         f = f.fix(match &raise {
             Some((k, cmd)) => format!(
                 "the quota is working as set: free GPUs in {ns} (finished or idle pods above), or raise \
@@ -230,6 +267,68 @@ fn quota_exceeded(c: &Cluster<'_>) -> Vec<Finding> {
         out.push(f);
     }
     out
+}
+
+/// `kubectl patch resourcequota` setting `spec.hard` keys.
+fn patch(ns: &str, quota: &str, keys: &[(String, i64)]) -> String {
+    let hard = keys
+        .iter()
+        .map(|(k, v)| format!("\"{k}\":\"{v}\""))
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        "kubectl -n {ns} patch resourcequota {quota} --type=merge -p '{{\"spec\":{{\"hard\":{{{hard}}}}}}}'"
+    )
+}
+
+/// The numbers of the quota admission's refusal: `requested: k=v,k=v, used: ..., limited: ...`.
+#[derive(Debug, Default, PartialEq)]
+struct QuotaNumbers {
+    requested: Vec<(String, i64)>,
+    used: Vec<(String, i64)>,
+    limited: Vec<(String, i64)>,
+}
+
+impl QuotaNumbers {
+    fn parse(m: &str) -> QuotaNumbers {
+        let list = |label: &str| -> Vec<(String, i64)> {
+            let Some(rest) = m.split(&format!("{label}: ")).nth(1) else {
+                return Vec::new();
+            };
+            // The list ends where the next `word: ` starts.
+            let end = [", used: ", ", limited: "]
+                .iter()
+                .filter_map(|s| rest.find(s))
+                .min()
+                .unwrap_or(rest.len());
+            rest[..end]
+                .split(',')
+                .filter_map(|kv| {
+                    let (k, v) = kv.trim().split_once('=')?;
+                    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.to_string());
+                    Some((k.to_string(), resources::count(&q)?))
+                })
+                .collect()
+        };
+        QuotaNumbers {
+            requested: list("requested"),
+            used: list("used"),
+            limited: list("limited"),
+        }
+    }
+
+    /// (key, requested, used, limited) of the keys the request would take over their limit.
+    fn exceeded(&self) -> Vec<(String, i64, i64, i64)> {
+        let get = |l: &[(String, i64)], k: &str| l.iter().find(|(x, _)| x == k).map(|(_, v)| *v);
+        self.limited
+            .iter()
+            .filter_map(|(k, limited)| {
+                let requested = get(&self.requested, k)?;
+                let used = get(&self.used, k).unwrap_or(0);
+                (used + requested > *limited).then(|| (k.clone(), requested, used, *limited))
+            })
+            .collect()
+    }
 }
 
 /// Per resource: whether every GPU node offering it shares it, and those nodes.
@@ -423,6 +522,41 @@ mod tests {
                 "gpu-quota-exceeded"
             )
             .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_quota_fix_makes_room_for_every_blocked_replica() {
+        // Two GPUs per pod, 3 replicas wanted, 1 created: the patch must fit 2 more pods, not +1.
+        let msg = "Error creating: pods \"train-7d9-x2\" is forbidden: exceeded quota: gpu-quota, requested: limits.nvidia.com/gpu=2,requests.nvidia.com/gpu=2, used: limits.nvidia.com/gpu=2,requests.nvidia.com/gpu=2, limited: limits.nvidia.com/gpu=3,requests.nvidia.com/gpu=3";
+        let e = event("ReplicaSet", "ml", "train-7d9", "FailedCreate", msg, 30);
+        let mut s = snapshot(vec![], vec![], vec![e.clone()]);
+        s.controllers = vec![crate::Controller {
+            kind: "ReplicaSet".into(),
+            namespace: "ml".into(),
+            name: "train-7d9".into(),
+            replicas: Some(3),
+            current: Some(1),
+            ..crate::Controller::default()
+        }];
+        let f = run(&s);
+        let got = one(&f, "gpu-quota-exceeded");
+        assert_eq!(
+            got.commands,
+            vec![
+                r#"kubectl -n ml patch resourcequota gpu-quota --type=merge -p '{"spec":{"hard":{"limits.nvidia.com/gpu":"6","requests.nvidia.com/gpu":"6"}}}'"#
+            ]
+        );
+        assert!(
+            got.evidence.join("\n").contains("2 pods blocked"),
+            "{got:#?}"
+        );
+        // Without the controller: at least one replica's request (2 + 2), never just +1.
+        let f = run(&snapshot(vec![], vec![], vec![e]));
+        assert!(
+            one(&f, "gpu-quota-exceeded").commands[0]
+                .contains(r#""limits.nvidia.com/gpu":"4","requests.nvidia.com/gpu":"4""#),
+            "{f:#?}"
         );
     }
 

@@ -134,8 +134,10 @@ pub(super) fn mig_profile(
     Ok(())
 }
 
-/// MIG strategy single with an invalid layout: `nvidia.com/gpu.product` = `<model>-MIG-INVALID`
-/// and count, replicas and memory 0, over whatever the whole-GPU labels set.
+/// MIG strategy single with an invalid layout: `nvidia.com/gpu.product` = `<model>-MIG-INVALID`,
+/// count, replicas and memory 0 and an empty sharing-strategy, over whatever the whole-GPU
+/// labels set (GFD's `newInvalidMigStrategyLabeler`, k8s-device-plugin v0.20.0
+/// internal/lm/mig-strategy.go, writes exactly these five).
 pub(super) fn invalid_single(out: &mut Labels, first_mig_gpu: &Gpu) {
     let key = |s: &str| resource_key(GPU_RESOURCE, s);
     put(
@@ -145,5 +147,6 @@ pub(super) fn invalid_single(out: &mut Labels, first_mig_gpu: &Gpu) {
     );
     put(out, &key("count"), 0);
     put(out, &key("replicas"), 0);
+    put(out, &key("sharing-strategy"), "");
     put(out, &key("memory"), 0);
 }

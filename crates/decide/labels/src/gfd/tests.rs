@@ -255,14 +255,14 @@ fn strategy_none_eight_whole_h100s() {
     assert!(got.keys().all(|k| crate::owned_label_key(k)));
 }
 
-// Long: a table of NVIDIA's label sets, one case per MIG strategy, layout and sharing config.
+// Long on purpose: a table of NVIDIA's label sets, one case per MIG strategy, layout and sharing config.
 #[test]
 fn label_sets_match_nvidia() {
     let seven = ["1g.10gb"; 7];
     let balanced = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"];
     // The labels GFD leaves under single when the MIG layout is invalid: the whole-GPU labels of
-    // the MIG-enabled GPUs (family, compute, sharing-strategy none) with product, count, replicas
-    // and memory replaced.
+    // the MIG-enabled GPUs (family, compute) with product, count, replicas, memory and
+    // sharing-strategy replaced; GFD sets sharing-strategy to the empty string there, not `none`.
     let invalid = kv(&[
         ("nvidia.com/mig.strategy", "single"),
         (
@@ -271,7 +271,7 @@ fn label_sets_match_nvidia() {
         ),
         ("nvidia.com/gpu.count", "0"),
         ("nvidia.com/gpu.replicas", "0"),
-        ("nvidia.com/gpu.sharing-strategy", "none"),
+        ("nvidia.com/gpu.sharing-strategy", ""),
         ("nvidia.com/gpu.memory", "0"),
         ("nvidia.com/gpu.family", "ampere"),
         ("nvidia.com/gpu.compute.major", "8"),
