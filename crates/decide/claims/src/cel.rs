@@ -56,20 +56,32 @@ impl Selector {
     /// unknown function, a type mismatch or a non-boolean result is an error naming the claim
     /// and the expression, since guessing could buy the wrong GPU.
     pub fn matches(&self, env: &Functions, device: &Value) -> Result<Verdict, ClaimError> {
-        let mut ctx = env.ctx.new_inner_scope();
-        ctx.add_variable_from_value("device", device.clone());
-        let unsupported = |reason: String| ClaimError::UnsupportedCel {
-            claim: self.claim.clone(),
-            expression: self.expression.clone(),
-            reason,
-        };
-        match self.program.execute(&ctx) {
-            Ok(Value::Bool(true)) => Ok(Verdict::Match),
-            Ok(Value::Bool(false)) => Ok(Verdict::NoMatch),
-            Ok(other) => Err(unsupported(format!("it gives {other:?}, not a boolean"))),
-            Err(ExecutionError::NoSuchKey(_)) => Ok(Verdict::NoMatch),
-            Err(e) => Err(unsupported(e.to_string())),
-        }
+        run(&self.program, env, device, |reason| {
+            ClaimError::UnsupportedCel {
+                claim: self.claim.clone(),
+                expression: self.expression.clone(),
+                reason,
+            }
+        })
+    }
+}
+
+/// One evaluation, shared by the autoscaler's selectors and those read from a cluster
+/// ([`crate::published`]), which name their errors differently.
+pub(crate) fn run<E>(
+    program: &Program,
+    env: &Functions,
+    device: &Value,
+    error: impl Fn(String) -> E,
+) -> Result<Verdict, E> {
+    let mut ctx = env.ctx.new_inner_scope();
+    ctx.add_variable_from_value("device", device.clone());
+    match program.execute(&ctx) {
+        Ok(Value::Bool(true)) => Ok(Verdict::Match),
+        Ok(Value::Bool(false)) => Ok(Verdict::NoMatch),
+        Ok(other) => Err(error(format!("it gives {other:?}, not a boolean"))),
+        Err(ExecutionError::NoSuchKey(_)) => Ok(Verdict::NoMatch),
+        Err(e) => Err(error(e.to_string())),
     }
 }
 
@@ -194,10 +206,9 @@ impl Functions {
 /// The `device` variable for one modelled device: attributes and capacities grouped by domain
 /// (an unqualified name belongs to the driver's own domain, as in the API).
 pub fn device_value(device: &Device) -> Value {
-    let mut attrs: HashMap<String, HashMap<Key, Value>> = HashMap::new();
-    for (k, v) in &device.attributes {
-        let (domain, name) = split_name(k);
-        let value = match v {
+    let mut v = DeviceVar::default();
+    for (k, a) in &device.attributes {
+        let value = match a {
             AttrValue::String(s) => Value::String(Arc::new(s.clone())),
             AttrValue::Int(i) => Value::Int(*i),
             AttrValue::Bool(b) => Value::Bool(*b),
@@ -208,40 +219,68 @@ pub fn device_value(device: &Device) -> Value {
                 Err(_) => continue,
             },
         };
-        attrs
+        v.attribute(DRIVER_NAME, k, value);
+    }
+    for (k, c) in &device.capacity {
+        v.capacity(DRIVER_NAME, k, Quantity::from_units(*c));
+    }
+    v.value(DRIVER_NAME, false)
+}
+
+/// The attributes and capacities of a `device` variable being built, by domain.
+#[derive(Default)]
+pub(crate) struct DeviceVar {
+    attrs: HashMap<String, HashMap<Key, Value>>,
+    caps: HashMap<String, HashMap<Key, Value>>,
+}
+
+impl DeviceVar {
+    pub(crate) fn attribute(&mut self, driver: &str, key: &str, value: Value) {
+        let (domain, name) = split_name(driver, key);
+        self.attrs
             .entry(domain.to_string())
             .or_default()
             .insert(Key::String(Arc::new(name.to_string())), value);
     }
-    let mut caps: HashMap<String, HashMap<Key, Value>> = HashMap::new();
-    for (k, v) in &device.capacity {
-        let (domain, name) = split_name(k);
-        caps.entry(domain.to_string()).or_default().insert(
+
+    pub(crate) fn capacity(&mut self, driver: &str, key: &str, q: Quantity) {
+        let (domain, name) = split_name(driver, key);
+        self.caps.entry(domain.to_string()).or_default().insert(
             Key::String(Arc::new(name.to_string())),
-            Value::Opaque(Arc::new(Quantity::from_units(*v))),
+            Value::Opaque(Arc::new(q)),
         );
     }
-    let by_domain = |m: HashMap<String, HashMap<Key, Value>>| -> Value {
-        let m: HashMap<Key, Value> = m
-            .into_iter()
-            .map(|(d, inner)| (Key::String(Arc::new(d)), Value::Map(Map::from(inner))))
-            .collect();
-        Value::Map(Map::from(m))
-    };
-    let mut top: HashMap<Key, Value> = HashMap::new();
-    top.insert(
-        Key::String(Arc::new("driver".into())),
-        Value::String(Arc::new(DRIVER_NAME.to_string())),
-    );
-    top.insert(Key::String(Arc::new("attributes".into())), by_domain(attrs));
-    top.insert(Key::String(Arc::new("capacity".into())), by_domain(caps));
-    top.insert(
-        Key::String(Arc::new("allowMultipleAllocations".into())),
-        Value::Bool(false),
-    );
-    Value::Map(Map::from(top))
+
+    pub(crate) fn value(self, driver: &str, allow_multiple: bool) -> Value {
+        let by_domain = |m: HashMap<String, HashMap<Key, Value>>| -> Value {
+            let m: HashMap<Key, Value> = m
+                .into_iter()
+                .map(|(d, inner)| (Key::String(Arc::new(d)), Value::Map(Map::from(inner))))
+                .collect();
+            Value::Map(Map::from(m))
+        };
+        let mut top: HashMap<Key, Value> = HashMap::new();
+        top.insert(
+            Key::String(Arc::new("driver".into())),
+            Value::String(Arc::new(driver.to_string())),
+        );
+        top.insert(
+            Key::String(Arc::new("attributes".into())),
+            by_domain(self.attrs),
+        );
+        top.insert(
+            Key::String(Arc::new("capacity".into())),
+            by_domain(self.caps),
+        );
+        top.insert(
+            Key::String(Arc::new("allowMultipleAllocations".into())),
+            Value::Bool(allow_multiple),
+        );
+        Value::Map(Map::from(top))
+    }
 }
 
-fn split_name(k: &str) -> (&str, &str) {
-    k.split_once('/').unwrap_or((DRIVER_NAME, k))
+/// `domain/name` as published, or an unqualified name of the driver's own domain.
+pub(crate) fn split_name<'a>(driver: &'a str, k: &'a str) -> (&'a str, &'a str) {
+    k.split_once('/').unwrap_or((driver, k))
 }

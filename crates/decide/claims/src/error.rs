@@ -11,6 +11,10 @@ pub enum ClaimError {
         expression: String,
         reason: String,
     },
+    /// A selector read from a cluster (a DeviceClass's or a claim's) that does not parse or stops
+    /// with an error on a device: the CEL error text, with the expression quoted.
+    #[error("CEL expression {expression:?} cannot be evaluated: {reason}")]
+    Cel { expression: String, reason: String },
     /// A request names a DeviceClass the cluster does not have (the scheduler waits for it too).
     #[error("claim {claim}: request {request} names DeviceClass {class:?}, which does not exist")]
     UnknownClass {

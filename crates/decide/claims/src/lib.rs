@@ -13,6 +13,7 @@ mod error;
 pub mod k8s;
 pub mod node;
 pub mod plan;
+pub mod published;
 pub mod values;
 
 pub use claim::{AlternativeSpec, ClaimSpec, Classes, Count, NodeDevices, RequestSpec};

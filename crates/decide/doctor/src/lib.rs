@@ -6,7 +6,6 @@
 //! table-tested with hand-written objects and run in milliseconds on thousands of nodes.
 #![forbid(unsafe_code)]
 
-mod cel;
 mod cluster;
 mod error;
 mod finding;

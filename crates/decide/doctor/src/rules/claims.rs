@@ -6,14 +6,17 @@
 //! older cluster, RBAC) only the scheduler's and the kubelet's words are explained.
 
 use crate::Options;
-use crate::cel::{self, Eval, Operand, Selector};
 use crate::cluster::{Cluster, GPU_PRESENT, describe_event, list_some};
 use crate::finding::{Category, Finding, ObjectRef, Severity};
 use crate::sched::{self, DraReason};
+use gpuops_claims::ClaimError;
+use gpuops_claims::cel::{Functions, Verdict as Cel};
+use gpuops_claims::published::{Operand, PublishedDevice, SliceSelector, value_of};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     Device, DeviceClass, DeviceSelector, ResourceClaim, ResourceSlice,
 };
+use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The driver gpuops (and NVIDIA's DRA driver) publishes GPUs as; its pools are node names.
@@ -21,11 +24,20 @@ pub(crate) const GPU_DRIVER: &str = "gpu.nvidia.com";
 /// The kubelet's event when NodePrepareResources fails (pkg/kubelet/events, v1.35.4).
 pub(crate) const PREPARE_FAILED: &str = "FailedPrepareDynamicResources";
 
-/// A device of a slice: driver, pool, the device.
+/// A device of a slice: driver, pool, the device, and the `device` variable selectors see (built
+/// on first use: only pending claims need it).
 struct SliceDevice<'a> {
     driver: &'a str,
     pool: &'a str,
     device: &'a Device,
+    var: OnceCell<PublishedDevice>,
+}
+
+impl SliceDevice<'_> {
+    fn var(&self) -> &PublishedDevice {
+        self.var
+            .get_or_init(|| PublishedDevice::new(self.driver, self.device))
+    }
 }
 
 fn devices(slices: &[ResourceSlice]) -> Vec<SliceDevice<'_>> {
@@ -36,6 +48,7 @@ fn devices(slices: &[ResourceSlice]) -> Vec<SliceDevice<'_>> {
                 driver: s.spec.driver.as_str(),
                 pool: s.spec.pool.name.as_str(),
                 device: d,
+                var: OnceCell::new(),
             })
         })
         .collect()
@@ -128,9 +141,11 @@ enum Verdict {
         expression: String,
         existing: Vec<String>,
     },
+    /// The selector does not parse or stops with an error: what the evaluator said.
     Unknown {
         class: String,
         expression: String,
+        error: String,
     },
     Allocated {
         class: String,
@@ -138,6 +153,21 @@ enum Verdict {
         matching: usize,
         held_by: Vec<String>,
     },
+}
+
+/// The CEL error's own text (the finding quotes the expression once, apart).
+fn cel_error(e: ClaimError, device: Option<&SliceDevice<'_>>) -> String {
+    let reason = match e {
+        ClaimError::Cel { reason, .. } => reason,
+        other => other.to_string(),
+    };
+    match device {
+        Some(d) => format!(
+            "{reason} (on device {}/{} of {})",
+            d.pool, d.device.name, d.driver
+        ),
+        None => reason,
+    }
 }
 
 /// The verdict on one request (`None` when enough free devices match it).
@@ -148,6 +178,7 @@ fn request_verdict(
     classes: &[DeviceClass],
     all: &[SliceDevice<'_>],
     held: &BTreeMap<(String, String, String), String>,
+    fns: &Functions,
 ) -> Option<Verdict> {
     let Some(class) = classes
         .iter()
@@ -155,20 +186,33 @@ fn request_verdict(
     else {
         return Some(Verdict::NoClass(class_name.to_string()));
     };
-    let class_exprs = expressions(class.spec.selectors.as_ref());
+    let unknown = |expression: &str, error: String| {
+        Some(Verdict::Unknown {
+            class: class_name.to_string(),
+            expression: expression.to_string(),
+            error,
+        })
+    };
+    // The allocator stops on a selector's error rather than skipping the device, so the first
+    // error is the verdict.
+    let mut class_sels = Vec::new();
+    for e in expressions(class.spec.selectors.as_ref()) {
+        match SliceSelector::compile(e) {
+            Ok(s) => class_sels.push(s),
+            Err(err) => return unknown(e, cel_error(err, None)),
+        }
+    }
     let mut of_class = Vec::new();
     for d in all {
         let mut ok = true;
-        for e in &class_exprs {
-            match cel::eval(e, d.driver, d.device) {
-                Eval::Match => {}
-                Eval::NoMatch => ok = false,
-                Eval::Unknown => {
-                    return Some(Verdict::Unknown {
-                        class: class_name.to_string(),
-                        expression: (*e).to_string(),
-                    });
-                }
+        for s in &class_sels {
+            match s.matches(fns, d.var()) {
+                Ok(Cel::Match) => {}
+                Ok(Cel::NoMatch) => ok = false,
+                Err(err) => return unknown(s.expression(), cel_error(err, Some(d))),
+            }
+            if !ok {
+                break;
             }
         }
         if ok {
@@ -184,26 +228,27 @@ fn request_verdict(
     }
     let mut matching = of_class;
     for e in expressions(selectors) {
-        let Some(sel) = Selector::parse(e) else {
-            return Some(Verdict::Unknown {
-                class: class_name.to_string(),
-                expression: e.to_string(),
-            });
+        let sel = match SliceSelector::compile(e) {
+            Ok(s) => s,
+            Err(err) => return unknown(e, cel_error(err, None)),
         };
-        let kept: Vec<&SliceDevice<'_>> = matching
-            .iter()
-            .copied()
-            .filter(|d| sel.eval(d.driver, d.device) == Eval::Match)
-            .collect();
+        let mut kept: Vec<&SliceDevice<'_>> = Vec::new();
+        for d in &matching {
+            match sel.matches(fns, d.var()) {
+                Ok(Cel::Match) => kept.push(d),
+                Ok(Cel::NoMatch) => {}
+                Err(err) => return unknown(e, cel_error(err, Some(d))),
+            }
+        }
         if kept.is_empty() {
             let existing = sel
-                .operands()
+                .reads()
                 .iter()
                 .filter(|o| !matches!(o, Operand::Driver))
                 .map(|o| {
                     let values: BTreeSet<String> = matching
                         .iter()
-                        .filter_map(|d| cel::value_of(o, d.driver, d.device))
+                        .filter_map(|d| value_of(o, d.driver, d.device))
                         .collect();
                     format!(
                         "{o}: {}",
@@ -284,11 +329,13 @@ fn finding_for(v: &Verdict, ns: &str, pod: &str, claim: &str, request: &str) -> 
                 "no device has the value the selector asks for (a typo?): compare {expression} with the values the devices have, listed above, and fix the claim or its template"
             ),
         ),
-        Verdict::Unknown { class, expression } => (
+        Verdict::Unknown {
+            class, expression, ..
+        } => (
             "claim-selector-not-evaluated",
-            format!("{what}: the doctor cannot evaluate a selector of class {class} or the claim"),
+            format!("{what}: a CEL selector of class {class} or the claim cannot be evaluated"),
             format!(
-                "the doctor evaluates attribute, capacity and driver comparisons joined by &&; check `{expression}` by hand against kubectl get resourceslices -o yaml"
+                "the CEL error above says why: fix `{expression}` where it is wrong; if the API server accepted it and the scheduler allocates with it, it uses what the doctor's evaluator lacks (regular expressions, for one): check it by hand against kubectl get resourceslices -o yaml"
             ),
         ),
         Verdict::Allocated {
@@ -322,8 +369,11 @@ fn finding_for(v: &Verdict, ns: &str, pod: &str, claim: &str, request: &str) -> 
                 f = f.evidence(format!("values that exist: {e}"));
             }
         }
-        Verdict::Unknown { expression, .. } => {
+        Verdict::Unknown {
+            expression, error, ..
+        } => {
             f = f.evidence(format!("selector not evaluated: {expression}"));
+            f = f.evidence(format!("CEL: {error}"));
         }
         Verdict::Allocated { held_by, .. } if !held_by.is_empty() => {
             f = f.evidence(format!("allocated: {}", list_some(held_by.iter(), 8)));
@@ -357,6 +407,7 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
     let dra = &c.snapshot.dra;
     let all = devices(&dra.slices);
     let held = holders(&dra.claims);
+    let fns = Functions::new();
     // GPU nodes the driver has no slice for: its kubelet plugin is not registered there.
     let with_slice: BTreeSet<&str> = dra
         .slices
@@ -492,7 +543,7 @@ pub(super) fn check(c: &Cluster<'_>, o: &Options) -> Vec<Finding> {
                     let verdicts: Vec<Verdict> = alternatives
                         .iter()
                         .filter_map(|(class, sel, n)| {
-                            request_verdict(class, *sel, *n, &dra.classes, &all, &held)
+                            request_verdict(class, *sel, *n, &dra.classes, &all, &held, &fns)
                         })
                         .collect();
                     if !alternatives.is_empty() && verdicts.len() == alternatives.len() {

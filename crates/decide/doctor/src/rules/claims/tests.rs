@@ -405,8 +405,8 @@ fn without_the_dra_objects_the_schedulers_words_are_explained() {
     let s = cluster(vec![p], vec![], vec![slice("dra-1", H100, 1)]);
     assert!(with_code(&run(&s), "claim-missing").is_empty());
 
-    // An expression outside what the doctor reads is quoted, never guessed.
-    let sel = r#"device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA H1")"#;
+    // An expression the evaluator stops on (no regular expressions here) is quoted, never guessed.
+    let sel = r#"device.attributes["gpu.nvidia.com"].productName.matches("^NVIDIA H1")"#;
     let s = cluster(
         vec![unschedulable(claim_pod("ml", "x"), SCHED)],
         vec![claim("ml", "x-gpu", "gpu.nvidia.com", Some(sel))],
@@ -415,4 +415,103 @@ fn without_the_dra_objects_the_schedulers_words_are_explained() {
     let f = run_claims(&s);
     let got = one(&f, "claim-selector-not-evaluated");
     assert!(got.evidence.iter().any(|e| e.contains(sel)), "{got:#?}");
+}
+
+/// Selectors the doctor's former subset called "cannot evaluate" (`startsWith`, `||`, `in`) get
+/// the scheduler's verdict: silence when a free device matches, the values that exist when none
+/// does.
+#[test]
+fn selectors_beyond_comparisons_are_evaluated() {
+    let a100 = "NVIDIA A100-SXM4-40GB";
+    let pending = |sel: &str| {
+        cluster(
+            vec![unschedulable(claim_pod("ml", "x"), SCHED)],
+            vec![claim("ml", "x-gpu", "gpu.nvidia.com", Some(sel))],
+            vec![slice("dra-1", H100, 2), slice("dra-2", a100, 2)],
+        )
+    };
+    for sel in [
+        r#"device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA H1")"#,
+        r#"device.attributes["gpu.nvidia.com"].productName == "NVIDIA B200" || device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3""#,
+        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA B200", "NVIDIA A100-SXM4-40GB"]"#,
+    ] {
+        let f = run_claims(&pending(sel));
+        assert!(
+            f.iter().all(|f| !f.code.starts_with("claim-selector")),
+            "{sel}: {f:#?}"
+        );
+    }
+    for sel in [
+        r#"device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA H2")"#,
+        r#"device.attributes["gpu.nvidia.com"].productName == "NVIDIA B200" || device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HMB3""#,
+        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA B200", "NVIDIA A100-SXM4-80GB"]"#,
+    ] {
+        let f = run_claims(&pending(sel));
+        let got = one(&f, "claim-selector-matches-none");
+        let ev = got.evidence.join("\n");
+        assert!(ev.contains(sel), "{ev}");
+        assert!(
+            ev.contains(&format!("gpu.nvidia.com/productName: \"{a100}\", {H100:?}")),
+            "{ev}"
+        );
+    }
+}
+
+/// A selector that does not parse (a class's or a claim's) is reported with the CEL error and
+/// the expression quoted; no device is judged on it.
+#[test]
+fn a_malformed_selector_is_quoted_with_the_cel_error() {
+    let sel = r#"device.attributes["gpu.nvidia.com"].productName == "#;
+    let s = cluster(
+        vec![unschedulable(claim_pod("ml", "x"), SCHED)],
+        vec![claim("ml", "x-gpu", "gpu.nvidia.com", Some(sel))],
+        vec![slice("dra-1", H100, 1), slice("dra-2", H100, 1)],
+    );
+    let f = run_claims(&s);
+    let got = one(&f, "claim-selector-not-evaluated");
+    assert!(
+        got.evidence
+            .iter()
+            .any(|e| e == &format!("selector not evaluated: {sel}")),
+        "{got:#?}"
+    );
+    let cel = got
+        .evidence
+        .iter()
+        .find(|e| e.starts_with("CEL: "))
+        .unwrap_or_else(|| panic!("{got:#?}"));
+    assert!(cel.len() > "CEL: ".len(), "{cel}");
+    assert!(got.fix.contains(sel), "{}", got.fix);
+
+    // The same in the class: reported for the class, before any claim selector.
+    let mut s = cluster(
+        vec![unschedulable(claim_pod("ml", "x"), SCHED)],
+        vec![claim("ml", "x-gpu", "gpu.nvidia.com", None)],
+        vec![slice("dra-1", H100, 1), slice("dra-2", H100, 1)],
+    );
+    s.dra.classes[0].spec.selectors = Some(vec![selector("device.driver ==")]);
+    let f = run_claims(&s);
+    let got = one(&f, "claim-selector-not-evaluated");
+    assert!(
+        got.evidence
+            .iter()
+            .any(|e| e == "selector not evaluated: device.driver =="),
+        "{got:#?}"
+    );
+
+    // A runtime error names the device it stopped on.
+    let sel = r#"device.attributes["gpu.nvidia.com"].productName > 3"#;
+    let s = cluster(
+        vec![unschedulable(claim_pod("ml", "x"), SCHED)],
+        vec![claim("ml", "x-gpu", "gpu.nvidia.com", Some(sel))],
+        vec![slice("dra-1", H100, 1), slice("dra-2", H100, 1)],
+    );
+    let f = run_claims(&s);
+    let got = one(&f, "claim-selector-not-evaluated");
+    assert!(
+        got.evidence.iter().any(
+            |e| e.starts_with("CEL: ") && e.contains("on device dra-1/gpu-0 of gpu.nvidia.com")
+        ),
+        "{got:#?}"
+    );
 }
