@@ -605,3 +605,118 @@ spec:
         "the GPU and compute instance capabilities of its one MIG device: {caps}"
     );
 }
+
+/// The MIG devices the simulated driver holds now, as `profile@start`.
+fn mig_devices(bed: &Bed) -> Vec<String> {
+    let sim = bed.node.dir().join("sim");
+    let out = common::run(&[
+        "inventory",
+        "--sim-state",
+        sim.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["mig_devices"].as_array().cloned().unwrap_or_default())
+        .map(|m| {
+            format!(
+                "{}@{}",
+                m["profile"].as_str().unwrap_or("?"),
+                m["placement_start"]
+            )
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn with_dynamic_mig_a_claims_mig_device_is_made_at_prepare_and_destroyed_when_the_pod_is_gone() {
+    let (bed, _) = start_fleet("dgx-h100", &["dra.dynamicMig=true"]);
+    // Every placement of every GPU offered from the GPUs' counter sets, and nothing made yet.
+    bed.wait("the placements in the slices", 120, || {
+        bed.slices().iter().any(|s| {
+            s["spec"]["devices"].as_array().is_some_and(|d| {
+                d.iter().any(|d| {
+                    d["name"]
+                        .as_str()
+                        .is_some_and(|n| n.contains("-mig-3g40gb-"))
+                })
+            })
+        })
+    });
+    assert!(mig_devices(&bed).is_empty(), "{:?}", mig_devices(&bed));
+    let t0 = Instant::now();
+    bed.cluster
+        .apply(&format!(
+            r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: half-a-gpu
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel:
+              expression: "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: dyn
+spec:
+  terminationGracePeriodSeconds: 1
+  resourceClaims:
+  - name: mig
+    resourceClaimTemplateName: half-a-gpu
+  containers:
+  - name: model
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "exec sleep 3600"]
+    resources:
+      claims:
+      - name: mig
+"#,
+            image = bed.node.images().busybox_ref
+        ))
+        .unwrap();
+    bed.wait("the dynamic-MIG pod Running", 120, || {
+        phase(&bed, "dyn") == "Running"
+    });
+    figure(
+        "dynamic MIG: pod created -> Running, its 3g.40gb made at prepare (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    let made = mig_devices(&bed);
+    assert_eq!(made.len(), 1, "exactly the claim's MIG device: {made:?}");
+    assert!(made[0].starts_with("3g.40gb@"), "{made:?}");
+    let caps = bed
+        .cluster
+        .kubectl(&["exec", "dyn", "--", "ls", "/dev/nvidia-caps"])
+        .unwrap();
+    assert_eq!(
+        caps.split_whitespace().count(),
+        2,
+        "the GPU and compute instance capabilities of its MIG device: {caps}"
+    );
+    let t1 = Instant::now();
+    bed.cluster
+        .kubectl(&["delete", "pod", "dyn", "--wait=false"])
+        .unwrap();
+    bed.wait("the claim's MIG device destroyed at unprepare", 120, || {
+        mig_devices(&bed).is_empty()
+    });
+    figure(
+        "dynamic MIG: pod deleted -> its MIG device destroyed (s)",
+        format!("{:.1}", t1.elapsed().as_secs_f64()),
+    );
+}

@@ -6,6 +6,8 @@
 //! explicit placements), hook processes, and the checkpoint written atomically and durably. Both
 //! `gpuops mig apply` and the agent call it.
 
+pub mod dynamic;
+
 use gpuops_mig::apply::GpuPlan;
 use gpuops_mig::checkpoint::Checkpoint;
 use gpuops_mig::hooks::{HookPoint, Hooks};
@@ -90,6 +92,9 @@ pub enum ExecError {
         "stopped before its next driver call after {changes} changes (cancelled); the checkpoint lets the next apply finish"
     )]
     Cancelled { changes: usize },
+    /// The driver took a MIG mode change but applies it only after a GPU reset.
+    #[error("GPU {gpu}: the MIG mode change is pending until the GPU is reset ({reason})")]
+    ModePending { gpu: u32, reason: String },
 }
 
 impl ExecError {
@@ -103,7 +108,7 @@ impl ExecError {
             | ExecError::NoCheckpoint(_) => Category::Config,
             // A checkpoint that does not parse will not parse next time either, and no config
             // changes it: someone has to look at the node.
-            ExecError::Checkpoint(_) => Category::Hardware,
+            ExecError::Checkpoint(_) | ExecError::ModePending { .. } => Category::Hardware,
             ExecError::Busy(_)
             | ExecError::HookFailed { .. }
             | ExecError::ReadCheckpoint { .. }

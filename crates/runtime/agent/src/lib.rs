@@ -45,6 +45,7 @@ pub use feed::{ConfigSource, publish};
 /// What the DRA driver's flags configure, re-exported so the binary needs no crate of its own for them.
 pub use gpuops_dra::Options as DraOptions;
 pub use gpuops_draplugin::{DRIVER_NAME as DRA_DRIVER_NAME, PluginConfig as DraPluginConfig};
+pub use gpuops_mps::Config as MpsConfig;
 pub use mig::{FlowConfig, REASON_ANNOTATION, SINCE_ANNOTATION, STATE_LABEL};
 pub use named::{LABEL as DEVICE_PLUGIN_CONFIG_LABEL, NamedConfigs, load_dir};
 pub use node::{FEATURE_MANAGER, HEALTH_MANAGER, MIG_MANAGER, NodeOptions, StartupOptions};
@@ -264,11 +265,17 @@ impl Agent {
                     stop_rx.clone(),
                 )),
             ));
+            let mps = d
+                .mps
+                .clone()
+                .map(|c| Arc::new(gpuops_mps::Daemons::new(c, stop_rx.clone())));
             let preparer = Arc::new(dra::Preparer::new(
                 client,
                 &config.node_name,
                 d,
                 state_rx.clone(),
+                opened_rx.clone(),
+                mps,
                 Arc::new(config.host_devices.clone()),
                 timeout,
             )?);
@@ -276,6 +283,11 @@ impl Agent {
             tasks.push((
                 "DRA kubelet plugin",
                 tokio::spawn(async move {
+                    // Before the kubelet can ask for anything: a failure is said and serving
+                    // goes on (what it left is retried at the next start).
+                    if let Err(e) = preparer.destroy_unheld().await {
+                        tracing::warn!(error = %e, "DRA: cleaning up MIG devices no claim holds failed: {e}");
+                    }
                     if let Err(e) = gpuops_draplugin::serve(plugin, preparer, stop).await {
                         tracing::error!(error = %e, "DRA kubelet plugin stopped: {e}");
                     }

@@ -103,6 +103,27 @@ pub struct DraFlags {
     /// (the cluster's DRADeviceTaints feature gate must be on).
     #[arg(long, env = "GPUOPS_DRA_DEVICE_TAINTS")]
     dra_device_taints: bool,
+    /// Dynamic MIG (the cluster's DRAPartitionableDevices feature gate must be on): offer every
+    /// valid MIG placement of each MIG-capable GPU from a shared counter set, create a claim's
+    /// MIG device at prepare and destroy it at unprepare. The GPUs' MIG devices then belong to
+    /// claims: MIG devices no prepared claim holds are destroyed at start, and the MIG manager
+    /// (--mig-config-file) must be off.
+    #[arg(long, env = "GPUOPS_DRA_DYNAMIC_MIG", requires = "dra")]
+    dra_dynamic_mig: bool,
+    /// NVIDIA's MPS control daemon, started per claim whose opaque config asks for MPS sharing
+    /// [default: usr/bin/nvidia-cuda-mps-control under the driver root, where it is]. Without
+    /// one, such claims fail to prepare, saying so.
+    #[arg(long, env = "GPUOPS_MPS_CONTROL_BINARY", value_name = "FILE")]
+    mps_control_binary: Option<PathBuf>,
+    /// Where the MPS daemons' pipe, log and shm directories go (a host path the containers'
+    /// CDI mounts name; a tmpfs is best).
+    #[arg(
+        long,
+        env = "GPUOPS_MPS_ROOT",
+        value_name = "DIR",
+        default_value = "/run/nvidia/mps"
+    )]
+    mps_root: PathBuf,
 }
 
 /// The CDI spec the agent writes for the `cdi-annotations` / `cdi-cri` device list strategies.
@@ -355,6 +376,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     // Refused before anything is opened: the message says which flag to change.
     gpuops_agent::check_dra_flags(args.dra.dra, !args.no_device_plugin, args.node.kubernetes)?;
+    if args.dra.dra_dynamic_mig && args.node.mig_config_file.is_some() {
+        anyhow::bail!(
+            "--dra-dynamic-mig makes a claim's MIG device at prepare, and the MIG manager (--mig-config-file) would change the same GPUs' MIG devices from the node label: drop one (chart: dra.dynamicMig turns mig.enabled off on the DRA nodes)"
+        );
+    }
     // Preparing may set the simulator's environment: do it before the runtime starts threads.
     let (library, simulation) = gpu_source::prepare(&args.c.gpus)?;
     let (source, config) = prepare::config_source(
@@ -477,16 +503,26 @@ pub fn run(args: Args) -> Result<ExitCode> {
             plugin.driver,
             plugin.registration_socket().display()
         );
+        let probe_root = roots
+            .as_ref()
+            .map(|r| r.probe_root.clone())
+            .unwrap_or_else(|| PathBuf::from("/"));
+        let mps_binary = args.dra.mps_control_binary.clone().or_else(|| {
+            Some(probe_root.join("usr/bin/nvidia-cuda-mps-control")).filter(|p| p.is_file())
+        });
+        match &mps_binary {
+            Some(b) => println!("  MPS            {} (daemons in {})", b.display(), args.dra.mps_root.display()),
+            None => println!("  MPS            no nvidia-cuda-mps-control (--mps-control-binary): claims asking for MPS fail"),
+        }
         gpuops_agent::DraConfig {
+            mps: mps_binary.map(|b| gpuops_agent::MpsConfig::new(b, args.dra.mps_root.clone())),
             plugin,
             cdi_dir: PathBuf::from(&dir),
-            probe_root: roots
-                .as_ref()
-                .map(|r| r.probe_root.clone())
-                .unwrap_or_else(|| PathBuf::from("/")),
+            probe_root,
             spec_options: roots.map(|r| r.options).unwrap_or_default(),
             options: gpuops_agent::DraOptions {
                 device_taints: args.dra.dra_device_taints,
+                dynamic_mig: args.dra.dra_dynamic_mig,
                 ..gpuops_agent::DraOptions::default()
             },
             resync: Duration::from_secs(60),
