@@ -10,12 +10,14 @@
 //!
 //! Also the controller's other pure parts: the MIG demand reconciler's view of the Nodes and
 //! what it owes booting nodes ([`mig_owed`], [`mig_plan`], `mig_view` with `k8s`), the status
-//! it publishes ([`status`]), and Kubernetes times against its clock ([`time`]).
+//! it publishes ([`status`]), what it remembers across a restart ([`memory`]), and Kubernetes
+//! times against its clock ([`time`]).
 #![forbid(unsafe_code)]
 
 mod decide;
 pub mod decision;
 pub mod error;
+pub mod memory;
 pub mod mig_demand;
 pub mod mig_owed;
 pub mod mig_plan;

@@ -3,6 +3,7 @@
 //! the controller writes and reads the ConfigMap.
 
 use crate::decision::{Decision, Plan, Target};
+use crate::memory::Remembered;
 use crate::mig_demand::MigDecision;
 use crate::mig_owed::{MigChangeStatus, OwedStatus};
 use crate::model::{Millis, Snapshot};
@@ -45,6 +46,10 @@ pub struct Status {
     /// Generated MIG configs pools owe nodes being bought (one entry per node).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_owed: Vec<OwedStatus>,
+    /// What the decision remembers between passes, for the next leader (see
+    /// [`crate::memory`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Remembered>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -204,6 +209,7 @@ pub fn build(
         decisions,
         mig_changes: Vec::new(),
         mig_owed: Vec::new(),
+        memory: None,
     }
 }
 

@@ -1419,3 +1419,7 @@ fn pool_sizes_and_replicas_that_size_memory_are_bounded_with_the_limit_named() {
     // Not a number at all keeps its message.
     assert!(err(0, &ann("0", "ten")).contains("must be a whole number (0 or more)"));
 }
+
+// ---- restart and failover ----
+
+mod restart;
