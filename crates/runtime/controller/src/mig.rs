@@ -87,6 +87,22 @@ impl Mig {
         }
     }
 
+    /// What it remembers now, to publish for the next leader.
+    pub fn memory(&self) -> MigMemory {
+        match self.memory.lock() {
+            Ok(m) => m.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Takes up what the last leader published.
+    pub fn restore(&self, m: MigMemory) {
+        match self.memory.lock() {
+            Ok(mut g) => *g = m,
+            Err(p) => *p.into_inner() = m,
+        }
+    }
+
     /// One pass: label new nodes with the configs their pools owe them, decide on `nodes`
     /// and `snap`, write configs and labels (unless `dry_run`), record what a scale-up with a
     /// generated config owes its pool, and take the MIG pods out of `snap.pending` so the

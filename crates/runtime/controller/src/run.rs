@@ -99,6 +99,10 @@ struct Memory {
     /// When each pending pod was first seen.
     seen: HashMap<String, u64>,
     previous: Option<Status>,
+    /// Whether this replica has read back what the last leader published since it took the
+    /// Lease: the memory of a replica that lost it is stale (a node idle then busy then idle
+    /// again would go at once), and a new one's is empty.
+    recalled: bool,
 }
 
 /// Runs until `shutdown` turns true.
@@ -173,6 +177,9 @@ pub async fn run(
         metrics
             .is_leader
             .store(u64::from(is_leader), Ordering::Relaxed);
+        if !is_leader {
+            memory.recalled = false;
+        }
         if !is_leader || !probes.is_ready() {
             continue;
         }
@@ -369,6 +376,9 @@ const BATCH_CLOSE_MARGIN_MS: u64 = 5;
 /// One pass, in the shared loop shape: what runs next is a pass at the close of the scale-up
 /// batch window, if pods wait for it, else one on the next change or resync.
 async fn reconcile(ctx: Arc<Ctx>, memory: &mut Memory) -> Result<Action, ControllerError> {
+    if !memory.recalled {
+        recall(&ctx, memory).await?;
+    }
     let (status, closes_in) = pass(
         &ctx,
         &mut memory.state,
@@ -380,6 +390,56 @@ async fn reconcile(ctx: Arc<Ctx>, memory: &mut Memory) -> Result<Action, Control
     memory.previous = Some(status);
     ctx.failures.store(0, Ordering::Relaxed);
     Ok(after_pass(closes_in))
+}
+
+/// Takes up the memory the last leader published with its status (see
+/// [`gpuops_autoscale::memory`]): the decision's, the MIG reconciler's, the decision history.
+/// No status yet, or one that does not parse, starts empty; one that cannot be read fails the
+/// pass, retried: deciding without it and publishing would overwrite it.
+async fn recall(ctx: &Ctx, memory: &mut Memory) -> Result<(), ControllerError> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.cfg.namespace);
+    let cm = api
+        .get_opt(status::CONFIGMAP)
+        .await
+        .map_err(|source| ControllerError::Api {
+            what: format!(
+                "reading ConfigMap {}/{} for the last leader's memory",
+                ctx.cfg.namespace,
+                status::CONFIGMAP
+            ),
+            source,
+        })?;
+    let text = cm.as_ref().and_then(|c| c.data.as_ref()?.get(status::KEY));
+    let previous: Option<Status> = match text.map(|t| serde_json::from_str(t)) {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => {
+            tracing::warn!(
+                error = %e,
+                "the status ConfigMap does not parse: starting with no memory"
+            );
+            None
+        }
+    };
+    let (remembered, pending) = previous.as_ref().map_or_else(Default::default, |s| {
+        (s.memory.clone().unwrap_or_default(), s.pending.as_slice())
+    });
+    let r = remembered.restore(pending);
+    tracing::info!(
+        unneeded = r.state.unneeded_since.len(),
+        backed_off = r.state.backoff.len(),
+        sightings = r.seen.len(),
+        from = previous.as_ref().map_or("", |s| s.leader.as_str()),
+        "took up the last leader's memory"
+    );
+    memory.state = r.state;
+    memory.seen = r.seen;
+    if let Some(m) = &ctx.mig {
+        m.restore(r.mig);
+    }
+    memory.previous = previous;
+    memory.recalled = true;
+    Ok(())
 }
 
 /// The action after a pass that succeeded, `closes_in` being how long until the scale-up batch
@@ -440,14 +500,7 @@ async fn pass(
         },
         now,
     );
-    let pending: std::collections::HashSet<&str> =
-        snap.pending.iter().map(|p| p.key.as_str()).collect();
-    seen.retain(|k, _| pending.contains(k.as_str()));
-    drop(pending);
-    for p in &mut snap.pending {
-        let first = *seen.entry(p.key.clone()).or_insert(now);
-        p.created = gpuops_autoscale::time::latest_creation(p.created, first);
-    }
+    gpuops_autoscale::memory::first_seen(&mut snap.pending, seen, now);
     let mut mig = match &ctx.mig {
         Some(m) => {
             let (client, ns) = (&ctx.client, &ctx.cfg.namespace);
@@ -539,6 +592,12 @@ async fn pass(
     if let Some(mp) = &mig {
         status::add_mig(&mut st, &mp.decision, &mp.status, &mp.owed);
     }
+    let mig_memory = ctx.mig.as_ref().map(crate::mig::Mig::memory);
+    st.memory = Some(gpuops_autoscale::memory::Remembered::of(
+        state,
+        seen,
+        mig_memory.as_ref(),
+    ));
     write_status(ctx, &st).await?;
     match first_error {
         Some(e) => Err(e),
