@@ -1,11 +1,15 @@
 //! The controller's whole pure pass at scale: 5,000 GPU nodes in 6 Cluster API pools (whole GPUs
 //! of 8, 4 and 1, shared, and two MIG pools) and 50,000 pending pods (whole GPUs, shared, MIG
-//! profiles, with tolerations and product selectors), built as API objects (Nodes, Pods,
-//! MachineDeployments, Machines) and taken through the same steps as a controller pass: the
-//! snapshot from the objects, the first-sighting times, the MIG view and decision, then the
-//! node-pool decision. Prints p50/p99 of each phase and of the whole (target p99 < 500 ms), and
-//! the peak heap the pass allocates, counted by this binary's global allocator.
-//! `cargo bench -p gpuops-autoscale --bench scale` (`BENCH_RUNS`, `BENCH_NODES`, `BENCH_PODS`).
+//! profiles, with tolerations and product selectors; a share of them, 10% by default, asking
+//! their GPUs through a ResourceClaim instead), built as API objects (Nodes, Pods,
+//! MachineDeployments, Machines, ResourceClaims and templates, the driver's DeviceClasses) and
+//! taken through the same steps as a controller pass: the snapshot from the objects, the
+//! first-sighting times, the MIG view and decision, the node-pool decision, then the claim
+//! demand (`gpuops-claims`, as the controller's `claim_demand` calls it). Prints p50/p99 of each
+//! phase and of the whole (target p99 < 500 ms), and the peak heap the pass allocates, counted
+//! by this binary's global allocator. Figures: docs/autoscaling.md, "At scale".
+//! `cargo bench -p gpuops-autoscale --bench scale` (`BENCH_RUNS`, `BENCH_NODES`, `BENCH_PODS`,
+//! `BENCH_CLAIMS`: percent of the pending pods with a claim, 0 for none).
 #![allow(clippy::unwrap_used, clippy::expect_used, unsafe_code)]
 
 use gpuops_autoscale::mig_demand::{MigConfig, MigMemory, decide_mig};
@@ -13,8 +17,12 @@ use gpuops_autoscale::mig_owed::{CONFIG_LABEL, LAYOUT_ANNOTATION, STATE_LABEL};
 use gpuops_autoscale::mig_view::{Boot, is_mig_pod, view};
 use gpuops_autoscale::snapshot::{Objects, build};
 use gpuops_autoscale::{Config, State, decide, pool, time::latest_creation};
+use gpuops_claims::k8s::ByName;
+use gpuops_dra::DRIVER_NAME;
+use gpuops_dra::classes::{CLASS_GPU, device_classes};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use serde_json::{Value, json};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
@@ -229,7 +237,10 @@ fn node_and_pods(i: usize, p: &PoolSpec) -> (Node, Vec<Pod>) {
 /// Pending pod `i` of the mix: whole GPUs of 1-8, shared, MIG 1g.10gb, 2g.20gb (no node has
 /// one free: only a re-partition or a new node serves it) and 3g.40gb, some with a
 /// toleration or a product selector.
-fn pending(i: usize) -> Pod {
+fn pending(i: usize, claims_pct: usize) -> Pod {
+    if i % 100 < claims_pct {
+        return claim_pod(i);
+    }
     let (resource, n) = match i % 10 {
         0 | 1 => ("nvidia.com/gpu", 1),
         2 => ("nvidia.com/gpu", 2),
@@ -256,6 +267,222 @@ fn pending(i: usize) -> Pod {
         "status": {"phase": "Pending"}
     }))
     .unwrap()
+}
+
+/// The claim a pending pod with claims asks for (`i / 100` picks it): one GPU of any kind from
+/// the namespace's template (its claim not made yet), two H100s, or one GPU with more than
+/// 40 GiB (both as claims made and not allocated).
+fn claim_kind(i: usize) -> usize {
+    (i / 100) % 3
+}
+
+fn claim_spec(kind: usize) -> Value {
+    let (count, selectors) = match kind {
+        0 => (1, json!([])),
+        1 => (
+            2,
+            json!([{"cel": {"expression":
+                format!("device.attributes['{DRIVER_NAME}'].productName == '{}'", H100.replace('-', " "))}}]),
+        ),
+        _ => (
+            1,
+            json!([{"cel": {"expression":
+                format!("device.capacity['{DRIVER_NAME}'].memory.isGreaterThan(quantity('40Gi'))")}}]),
+        ),
+    };
+    json!({"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": CLASS_GPU, "allocationMode": "ExactCount", "count": count,
+        "selectors": selectors}}]}})
+}
+
+fn claim_name(i: usize) -> String {
+    format!("pod-{i:06}-gpu")
+}
+
+/// A pending pod whose GPUs are a ResourceClaim (no extended resource): the scheduler found
+/// no node for it, so the controller's claim demand takes it.
+fn claim_pod(i: usize) -> Pod {
+    let kind = claim_kind(i);
+    let claim = if kind == 0 {
+        json!({"name": "gpu", "resourceClaimTemplateName": "one-gpu"})
+    } else {
+        json!({"name": "gpu", "resourceClaimTemplateName": format!("kind-{kind}")})
+    };
+    let mut status = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+        "status": "False", "reason": "Unschedulable"}]});
+    if kind != 0 {
+        status["resourceClaimStatuses"] =
+            json!([{"name": "gpu", "resourceClaimName": claim_name(i)}]);
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("pod-{i:06}"), "namespace": format!("ns{}", i % 50),
+                     "creationTimestamp": format!("2026-01-01T00:0{}:{:02}Z", 5 + i % 4, i % 60)},
+        "spec": {"containers": [{"name": "c", "resources": {"requests":
+                    {"cpu": "2", "memory": "8Gi"}}}], "resourceClaims": [claim]},
+        "status": status
+    }))
+    .unwrap()
+}
+
+/// The claims API objects: the namespaces' templates, the pending pods' claims (made, not
+/// allocated), and claims holding the GPUs of whole-GPU nodes (all but one GPU of every
+/// fourth node, all of the others), as pods running with claims would.
+fn claim_objects(
+    n_pods: usize,
+    claims_pct: usize,
+    nodes: &[Arc<Node>],
+) -> (Vec<Arc<ResourceClaim>>, Vec<Arc<ResourceClaimTemplate>>) {
+    let templates = (0..50)
+        .flat_map(|ns| {
+            [("one-gpu", 0), ("kind-1", 1), ("kind-2", 2)].map(|(name, kind)| {
+                serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": format!("ns{ns}")},
+                    "spec": {"spec": claim_spec(kind)}
+                }))
+                .map(Arc::new)
+                .unwrap()
+            })
+        })
+        .collect();
+    let mut claims: Vec<Arc<ResourceClaim>> = (0..n_pods)
+        .filter(|i| i % 100 < claims_pct && claim_kind(*i) != 0)
+        .map(|i| {
+            let c = serde_json::from_value(json!({
+                "metadata": {"name": claim_name(i), "namespace": format!("ns{}", i % 50)},
+                "spec": claim_spec(claim_kind(i))
+            }));
+            Arc::new(c.unwrap())
+        })
+        .collect();
+    for (k, n) in nodes.iter().enumerate() {
+        let name = n.metadata.name.clone().unwrap();
+        let gpus: u32 = n.metadata.labels.as_ref().unwrap()["nvidia.com/gpu.count"]
+            .parse()
+            .unwrap();
+        if !name.starts_with("whole") {
+            continue;
+        }
+        let held = if k % 4 == 0 { gpus - 1 } else { gpus };
+        let results: Vec<Value> = (0..held)
+            .map(|g| json!({"request": "gpu", "driver": DRIVER_NAME, "pool": name, "device": format!("gpu-{g}")}))
+            .collect();
+        let c = serde_json::from_value(json!({
+            "metadata": {"name": format!("run-{name}"), "namespace": format!("team{}", k % 40)},
+            "spec": claim_spec(0),
+            "status": {"allocation": {"devices": {"results": results}}}
+        }));
+        claims.push(Arc::new(c.unwrap()));
+    }
+    (claims, templates)
+}
+
+/// Whether the scheduler found no node for the pod (the controller's rule: only then are its
+/// claims demand).
+fn unschedulable(p: &Pod) -> bool {
+    p.spec.as_ref().is_some_and(|s| s.node_name.is_none())
+        && p.metadata.deletion_timestamp.is_none()
+        && p.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().flatten().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+        })
+}
+
+/// What the claim demand decided, for the summary line.
+#[derive(Default)]
+struct ClaimCounts {
+    pods: usize,
+    in_flight: usize,
+    buy: usize,
+    no_pool: usize,
+    errors: usize,
+    bought: u32,
+}
+
+/// The controller's claim demand, as its pass runs it (`claim_demand` in the controller's
+/// run.rs): pods with claims the scheduler refused, their unallocated claims from the watch
+/// caches' objects (copied, as there), the devices claims hold, the decision, the merge.
+fn claim_pass(
+    pods: &[Arc<Pod>],
+    objs: &ClaimObjects,
+    snap: &gpuops_autoscale::Snapshot,
+    d: &mut gpuops_autoscale::Decision,
+) -> ClaimCounts {
+    let with_claims: Vec<&Pod> = pods
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .is_some_and(|s| s.resource_claims.as_ref().is_some_and(|c| !c.is_empty()))
+                && unschedulable(p)
+        })
+        .collect();
+    let mut out = ClaimCounts::default();
+    if with_claims.is_empty() {
+        return out;
+    }
+    let key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        (
+            m.namespace.clone().unwrap_or_default(),
+            m.name.clone().unwrap_or_default(),
+        )
+    };
+    let claims: ByName<ResourceClaim> = objs
+        .claims
+        .iter()
+        .map(|c| (key(&c.metadata), (**c).clone()))
+        .collect();
+    let templates: ByName<ResourceClaimTemplate> = objs
+        .templates
+        .iter()
+        .map(|t| (key(&t.metadata), (**t).clone()))
+        .collect();
+    let classes = gpuops_claims::k8s::classes(&objs.classes);
+    let mut demand = Vec::new();
+    for p in with_claims {
+        let pod = format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default()
+        );
+        match gpuops_claims::k8s::pending_claims(p, &claims, &templates) {
+            Ok(c) if c.is_empty() => {}
+            Ok(c) => demand.push(gpuops_claims::PodClaims { pod, claims: c }),
+            Err(_) => out.errors += 1,
+        }
+    }
+    let allocated = gpuops_claims::k8s::allocated_devices(&claims);
+    let cd = gpuops_claims::demand::decide(
+        snap,
+        &d.in_flight,
+        &d.scale_ups,
+        &demand,
+        &classes,
+        &allocated,
+    );
+    out.pods = demand.len();
+    for (_, o) in &cd.plan.outcomes {
+        match o {
+            gpuops_claims::Outcome::InFlight { .. }
+            | gpuops_claims::Outcome::Repartition { .. } => out.in_flight += 1,
+            gpuops_claims::Outcome::Buy { .. } => out.buy += 1,
+            gpuops_claims::Outcome::NoPool { .. } => out.no_pool += 1,
+            gpuops_claims::Outcome::Error(_) => out.errors += 1,
+        }
+    }
+    out.bought = cd.scale_ups.iter().map(|s| s.to - s.from).sum();
+    gpuops_claims::demand::merge(&mut d.scale_ups, cd.scale_ups);
+    out
+}
+
+/// The claims objects the controller's watch caches hold.
+struct ClaimObjects {
+    claims: Vec<Arc<ResourceClaim>>,
+    templates: Vec<Arc<ResourceClaimTemplate>>,
+    classes: Vec<DeviceClass>,
 }
 
 fn env(name: &str, default: usize) -> usize {
@@ -285,18 +512,19 @@ fn on_cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
-const PHASES: [&str; 5] = [
+const PHASES: [&str; 6] = [
     "snapshot",
     "first-seen",
     "mig view+decision",
     "pool decision",
+    "claims",
     "whole pass",
 ];
 
 /// One pass's results, for the summary line.
 struct Pass {
-    wall: [Duration; 5],
-    cpu: [u64; 5],
+    wall: [Duration; 6],
+    cpu: [u64; 6],
     peak: usize,
     bought: u32,
     mig_changes: usize,
@@ -306,14 +534,21 @@ struct Pass {
     mig_unserved: Vec<(String, String)>,
     pending: usize,
     mig_pods: usize,
+    claims: ClaimCounts,
 }
 
-fn one_pass(mds: &[Value], machines: &[Value], nodes: &[Arc<Node>], pods: &[Arc<Pod>]) -> Pass {
+fn one_pass(
+    mds: &[Value],
+    machines: &[Value],
+    nodes: &[Arc<Node>],
+    pods: &[Arc<Pod>],
+    claim_objs: &ClaimObjects,
+) -> Pass {
     let pdbs: Vec<PodDisruptionBudget> = Vec::new();
     let util = HashMap::new();
     let base = LIVE.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
-    let (mut wall, mut cpu) = ([Duration::ZERO; 5], [0u64; 5]);
+    let (mut wall, mut cpu) = ([Duration::ZERO; 6], [0u64; 6]);
     let (t0, c0) = (Instant::now(), on_cpu_ns());
     let mut lap = |k: usize, t: &mut Instant, c: &mut u64| {
         let (tn, cn) = (Instant::now(), on_cpu_ns());
@@ -365,10 +600,14 @@ fn one_pass(mds: &[Value], machines: &[Value], nodes: &[Arc<Node>], pods: &[Arc<
         batch_max: Duration::ZERO,
         ..Config::default()
     };
-    let d = decide(&snap, &mut State::default(), DECIDE_AT, &cfg);
+    // The controller keeps its state between passes: dropping it is no part of a pass.
+    let mut state = State::default();
+    let mut d = decide(&snap, &mut state, DECIDE_AT, &cfg);
     lap(3, &mut t, &mut c);
-    wall[4] = t - t0;
-    cpu[4] = c.saturating_sub(c0);
+    let claims = claim_pass(pods, claim_objs, &snap, &mut d);
+    lap(4, &mut t, &mut c);
+    wall[5] = t - t0;
+    cpu[5] = c.saturating_sub(c0);
     let peak = PEAK.load(Ordering::Relaxed).saturating_sub(base);
     Pass {
         wall,
@@ -382,6 +621,7 @@ fn one_pass(mds: &[Value], machines: &[Value], nodes: &[Arc<Node>], pods: &[Arc<
         mig_unserved: md_.unserved.iter().take(2).cloned().collect(),
         pending,
         mig_pods: mig_pods.len(),
+        claims,
     }
 }
 
@@ -389,6 +629,7 @@ fn main() {
     let n_nodes = env("BENCH_NODES", 5000);
     let n_pods = env("BENCH_PODS", 50_000);
     let runs = env("BENCH_RUNS", 20);
+    let claims_pct = env("BENCH_CLAIMS", 10).min(100);
     let rss0 = rss_kib();
     let mut per_pool = vec![0usize; POOLS.len()];
     let mut nodes = Vec::with_capacity(n_nodes);
@@ -415,19 +656,27 @@ fn main() {
         .map(|(p, n)| md(p, *n))
         .collect();
     let bound = pods.len();
-    pods.extend((0..n_pods).map(|i| Arc::new(pending(i))));
+    pods.extend((0..n_pods).map(|i| Arc::new(pending(i, claims_pct))));
+    let (claims, templates) = claim_objects(n_pods, claims_pct, &nodes);
+    let claim_objs = ClaimObjects {
+        claims,
+        templates,
+        classes: device_classes(false),
+    };
     let held = LIVE.load(Ordering::Relaxed);
     let rss_held = rss_kib();
     println!(
-        "{n_nodes} nodes in {} pools ({} machines in flight), {bound} bound pods, {n_pods} pending pods; objects hold {} MiB of heap (RSS {} -> {} MiB)",
+        "{n_nodes} nodes in {} pools ({} machines in flight), {bound} bound pods, {n_pods} pending pods ({claims_pct}% with a ResourceClaim; {} claims, {} templates); objects hold {} MiB of heap (RSS {} -> {} MiB)",
         POOLS.len(),
         IN_FLIGHT * POOLS.len(),
+        claim_objs.claims.len(),
+        claim_objs.templates.len(),
         held >> 20,
         rss0 / 1024,
         rss_held / 1024
     );
     let mut passes: Vec<Pass> = (0..runs)
-        .map(|_| one_pass(&mds, &machines, &nodes, &pods))
+        .map(|_| one_pass(&mds, &machines, &nodes, &pods, &claim_objs))
         .collect();
     let last = passes.last().unwrap();
     println!(
@@ -440,6 +689,11 @@ fn main() {
         last.mig_free,
         last.mig_waiting,
         last.mig_unserved
+    );
+    let cc = &last.claims;
+    println!(
+        "claims: {} pending pods with unallocated claims: {} served by nodes in flight, {} buy a node ({} nodes bought), {} fit no pool, {} errors",
+        cc.pods, cc.in_flight, cc.buy, cc.bought, cc.no_pool, cc.errors
     );
     let q = |v: &mut Vec<f64>, q: f64| {
         v.sort_by(f64::total_cmp);

@@ -340,10 +340,11 @@ fn size_key(p: &PendingPod) -> (u64, u64, u64, u64) {
     (gpu, p.scalars.values().sum(), p.cpu_milli, p.memory_mib)
 }
 
-type ClassKey = (
-    Vec<gpuops_kubemodel::fit::Toleration>,
-    gpuops_kubemodel::fit::NodeConstraints,
-    String,
+/// Borrowed from the pod: interning 50,000 pods copied every key's tolerations and selectors.
+type ClassKey<'p> = (
+    &'p [gpuops_kubemodel::fit::Toleration],
+    &'p gpuops_kubemodel::fit::NodeConstraints,
+    &'p str,
 );
 
 /// Scale-up: fills `out.plans`, `out.scale_ups`, `out.in_flight`; returns the ready nodes (by
@@ -496,15 +497,17 @@ impl Window {
 
 /// Pending pods (by index) in first-fit-decreasing order, ties by age then key.
 fn size_order(snap: &Snapshot) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..snap.pending.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (pa, pb) = (&snap.pending[a], &snap.pending[b]);
-        size_key(pb)
-            .cmp(&size_key(pa))
-            .then(pa.created.cmp(&pb.created))
-            .then(pa.key.cmp(&pb.key))
-    });
-    order
+    // Each pod's key computed once and sorted in place, not looked up through the pods twice
+    // per comparison. The index comes last, so the unstable sort orders exactly as a stable
+    // one would.
+    let mut keyed: Vec<_> = snap
+        .pending
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (std::cmp::Reverse(size_key(p)), p.created, p.key.as_str(), i))
+        .collect();
+    keyed.sort_unstable();
+    keyed.into_iter().map(|(.., i)| i).collect()
 }
 
 /// Pods with the same class (tolerations, constraints, GPU resource) pass the same static
@@ -526,13 +529,7 @@ impl Shapes {
         for (i, pod) in snap.pending.iter().enumerate() {
             let key = shape_key(pod);
             let next_class = class_ids.len();
-            class_of[i] = match class_ids.get(&key.0) {
-                Some(c) => *c,
-                None => {
-                    class_ids.insert(key.0.clone(), next_class);
-                    next_class
-                }
-            };
+            class_of[i] = *class_ids.entry(key.0).or_insert(next_class);
             let next = shape_ids.len();
             shape_of[i] = *shape_ids.entry(key).or_insert(next);
         }
@@ -611,8 +608,18 @@ struct Purchase {
     bought: Vec<u32>,
     /// Per pool: the pods that opened each bought node.
     openers: Vec<Vec<String>>,
-    /// Per pending pod: pool index, slot name, whether the node is bought by this decision.
-    place: Vec<Option<(usize, String, bool)>>,
+    /// Per pending pod: pool index and slot index in that pool ([`Purchase::slot`]).
+    place: Vec<Option<(usize, usize)>>,
+    /// Per pool: the names of its nodes in flight, sorted; slots past them are bought.
+    slot_names: Vec<Vec<String>>,
+}
+
+impl Purchase {
+    /// The node in flight that slot `u` of pool `j` is, `None` for a node this decision buys.
+    /// Named when a pod's plan is written, not in every round of [`buy`] for every pod.
+    fn in_flight(&self, j: usize, u: usize) -> Option<&str> {
+        self.slot_names[j].get(u).map(String::as_str)
+    }
 }
 
 /// Step 2: nodes in flight, then new nodes. Both are chosen by the same packing of the whole
@@ -647,7 +654,7 @@ fn buy(
     }
     let mut bought = vec![0u32; npools];
     let mut openers: Vec<Vec<String>> = vec![Vec::new(); npools];
-    let mut final_place: Vec<Option<(usize, String, bool)>> = vec![None; snap.pending.len()];
+    let mut final_place: Vec<Option<(usize, usize)>> = vec![None; snap.pending.len()];
     const ROUNDS: usize = 6;
     for round in 0..ROUNDS {
         let mut left: Vec<usize> = batch.pods.iter().map(Vec::len).collect();
@@ -665,16 +672,9 @@ fn buy(
         for (j, took) in placed {
             let u = used[j];
             used[j] += 1;
-            let (slot, new) = match slot_names[j].get(u) {
-                Some(s) => (s.clone(), false),
-                None => (
-                    format!("{}+{}", snap.pools[j].name, u - slot_names[j].len() + 1),
-                    true,
-                ),
-            };
             for (k, n) in took {
                 for &pi in &batch.pods[k][cursor[k]..cursor[k] + n] {
-                    final_place[pi] = Some((j, slot.clone(), new));
+                    final_place[pi] = Some((j, u));
                 }
                 cursor[k] += n;
             }
@@ -712,6 +712,7 @@ fn buy(
         bought,
         openers,
         place: final_place,
+        slot_names,
     }
 }
 
@@ -763,24 +764,25 @@ fn explain_rest(
     for &pi in rest {
         let pod = &snap.pending[pi];
         let k = shape_in_batch[inp.shapes.shape_of[pi]];
-        plans[pi] = Some(match &inp.purchase.place[pi] {
-            Some((j, slot, false)) => {
-                let pool = &snap.pools[*j].name;
+        let place = inp.purchase.place[pi].map(|(j, u)| (j, inp.purchase.in_flight(j, u)));
+        plans[pi] = Some(match place {
+            Some((j, Some(slot))) => {
+                let pool = &snap.pools[j].name;
                 PodPlan {
                     pod: pod.key.clone(),
                     message: format!("waits for node {slot} of pool {pool} already in flight"),
                     plan: Plan::InFlight {
                         pool: pool.clone(),
-                        slot: slot.clone(),
+                        slot: slot.to_string(),
                     },
                 }
             }
-            Some((j, _, true)) => {
-                for_pool[*j].push(pod.key.clone());
-                let mut plan = new_plan(pod, &snap.pools[*j].name, inp.batch_open);
-                let others = other_pools.entry((*j, k)).or_insert_with(|| {
+            Some((j, None)) => {
+                for_pool[j].push(pod.key.clone());
+                let mut plan = new_plan(pod, &snap.pools[j].name, inp.batch_open);
+                let others = other_pools.entry((j, k)).or_insert_with(|| {
                     (0..npools)
-                        .filter(|&o| o != *j)
+                        .filter(|&o| o != j)
                         .filter_map(|o| {
                             why(o, k).map(|w| format!("pool {}: {w}", snap.pools[o].name))
                         })
@@ -873,18 +875,18 @@ fn explain_pods(snap: &Snapshot, state: &mut State, out: &mut Decision) {
 /// The resources of a pod: with its class, everything that decides whether it fits a bin.
 /// (The ask itself, not its request on one replica: a `gpuops.io/gpu-milli` pod and a plain
 /// one can ask the same of a 1-replica GPU and differ on a shared one.)
-type ShapeKey = (ClassKey, (u64, u64, u64, Option<u32>), Vec<(String, u64)>);
+type ShapeKey<'p> = (
+    ClassKey<'p>,
+    (u64, u64, u64, Option<u32>),
+    &'p BTreeMap<String, u64>,
+);
 
 /// Everything that decides whether a pod fits a bin: its class and its resources.
-fn shape_key(pod: &PendingPod) -> ShapeKey {
+fn shape_key(pod: &PendingPod) -> ShapeKey<'_> {
     (
-        (
-            pod.tolerations.clone(),
-            pod.constraints.clone(),
-            pod.gpu_resource.clone(),
-        ),
+        (&pod.tolerations, &pod.constraints, &pod.gpu_resource),
         (pod.cpu_milli, pod.memory_mib, pod.gpu_count, pod.gpu_milli),
-        pod.scalars.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        &pod.scalars,
     )
 }
 
@@ -1034,10 +1036,15 @@ struct Fill {
 
 /// An empty node of pool `j` filled first-fit with the pods left (`left[k]` of shape `k`), in
 /// the batch's order; `None` when it takes none of them.
-fn fill(pool: &Pool, j: usize, batch: &Batch<'_>, left: &[usize]) -> Option<Fill> {
-    let (bin, spec) = template_bin(format!("{}+new", pool.name), pool);
-    let replicas = bin.gpu_replicas;
-    let mut g = Group::new(vec![bin], &[spec]);
+fn fill<'a>(
+    pool: &'a Pool,
+    j: usize,
+    batch: &Batch<'_>,
+    left: &[usize],
+    node: &mut Option<Group<'a>>,
+) -> Option<Fill> {
+    let g = empty_node(pool, node);
+    let replicas = g.bins[0].gpu_replicas;
     let mut took = Vec::new();
     let mut served = 0.0;
     for (k, &n_left) in left.iter().enumerate() {
@@ -1056,6 +1063,37 @@ fn fill(pool: &Pool, j: usize, batch: &Batch<'_>, left: &[usize]) -> Option<Fill
         }
     }
     (!took.is_empty()).then_some(Fill { took, served })
+}
+
+/// An empty node of `pool` in `node`: the one of the last fill emptied again, or a new one.
+/// A greedy fills tens of thousands of nodes when it buys thousands; building each one anew
+/// (its name, its engine cluster, its scalars) was most of that time.
+fn empty_node<'a, 'g>(pool: &'a Pool, node: &'g mut Option<Group<'a>>) -> &'g mut Group<'a> {
+    let t = &pool.template;
+    let emptied = node.as_mut().is_some_and(|g| {
+        let Some(c) = &mut g.cluster else {
+            // The engine could not model the template: no pod fits, nothing to empty.
+            return true;
+        };
+        const FREE: [u16; 64] = [1000; 64];
+        let Some(free) = FREE.get(..c.gpus(0).len()) else {
+            return false;
+        };
+        if c.set_usage(0, 0, 0, free, &[]).is_err() {
+            return false;
+        }
+        for (v, t) in g.bins[0].scalars.values_mut().zip(t.scalars.values()) {
+            *v = *t;
+        }
+        true
+    });
+    if !emptied {
+        *node = None;
+    }
+    node.get_or_insert_with(|| {
+        let (bin, spec) = template_bin(format!("{}+new", pool.name), pool);
+        Group::new(vec![bin], &[spec])
+    })
 }
 
 /// Nodes chosen for the pods left, each with what it takes (`(shape, count)` pairs).
@@ -1100,8 +1138,9 @@ type Picks = Vec<(usize, Vec<(usize, usize)>)>;
 ///
 /// A fill's result stays valid while, for every shape it took, at least as many pods of that
 /// shape are left (capacity is filled in the same order up to the same point), so after a step
-/// only the pools whose fill used the pods just taken are filled again; that keeps a decision
-/// buying thousands of nodes within its time.
+/// only the pools whose fill used the pods just taken are filled again (the pool just picked
+/// too, once its pods run short: its next node fills the same way while they last); that
+/// keeps a decision buying thousands of nodes within its time.
 fn pack(pools: &[Pool], supply: &mut [u32], batch: &Batch<'_>, left: &mut [usize]) -> Picks {
     // A packing's picks, the pods and supply it leaves, and (demand unplaced, cost, nodes).
     type Packed = (Picks, Vec<usize>, Vec<u32>, (f64, f64, usize));
@@ -1149,6 +1188,7 @@ fn greedy(
     anchored: bool,
 ) -> Picks {
     let mut cache: Vec<Option<Option<Fill>>> = (0..pools.len()).map(|_| None).collect();
+    let mut nodes: Vec<Option<Group<'_>>> = (0..pools.len()).map(|_| None).collect();
     let mut picks = Vec::new();
     // Anchored: shapes before `first` have no pod left or no node left to take one (supply
     // only shrinks, so they stay that way).
@@ -1171,7 +1211,7 @@ fn greedy(
                 Some(Some(f)) => f.took.iter().any(|&(k, n)| left[k] < n),
             };
             if stale {
-                cache[j] = Some(fill(pool, j, batch, left));
+                cache[j] = Some(fill(pool, j, batch, left, &mut nodes[j]));
             }
             let Some(Some(f)) = &cache[j] else {
                 continue;
@@ -1194,14 +1234,17 @@ fn greedy(
             }
             break;
         };
-        let Some(Some(f)) = cache[j].take() else {
+        let Some(Some(f)) = &cache[j] else {
             break;
         };
-        for &(k, n) in &f.took {
+        // The fill stays cached: while its pods are left, the next node of the pool fills
+        // the same way (the rule above), and thousands of nodes are bought that way in a row.
+        let took = f.took.clone();
+        for &(k, n) in &took {
             left[k] -= n;
         }
         supply[j] -= 1;
-        picks.push((j, f.took));
+        picks.push((j, took));
     }
     picks
 }

@@ -245,9 +245,24 @@ type PlanKey = (&'static str, Vec<(String, u32)>, Vec<(String, u32)>);
 #[derive(Default)]
 struct Planner {
     memo: HashMap<PlanKey, Option<Plan>>,
+    /// [`slices`] by model and profile: asked for every instance of every GPU filled, and
+    /// each answer parses the profile's name.
+    sizes: HashMap<&'static str, HashMap<String, u32>>,
 }
 
 impl Planner {
+    fn slices(&mut self, model: &'static GpuModel, profile: &str) -> u32 {
+        let sizes = self.sizes.entry(model.key).or_default();
+        match sizes.get(profile) {
+            Some(&n) => n,
+            None => {
+                let n = slices(model, profile);
+                sizes.insert(profile.to_string(), n);
+                n
+            }
+        }
+    }
+
     fn plan(
         &mut self,
         model: &'static GpuModel,
@@ -305,16 +320,17 @@ fn fill_gpu(
     let mut used: u32 = busy
         .instances
         .iter()
-        .map(|i| slices(model, &i.profile))
+        .map(|i| planner.slices(model, &i.profile))
         .sum();
     let mut placed = Vec::new();
     let mut last: Option<Plan> = None;
-    for profile in demand.order.clone() {
-        let size = slices(model, &profile);
+    let Demand { order, queues } = demand;
+    for profile in order.iter() {
+        let size = planner.slices(model, profile);
         if size == 0 {
             continue;
         }
-        while let Some(&pi) = demand.queues.get(&profile).and_then(|q| q.front()) {
+        while let Some(&pi) = queues.get(profile).and_then(|q| q.front()) {
             let n = pods[pi].count.max(1);
             if used + size * n > total
                 || pods[pi].cpu_milli > budget.0
@@ -333,7 +349,7 @@ fn fill_gpu(
             placed.push(pi);
             budget.0 -= pods[pi].cpu_milli;
             budget.1 -= pods[pi].memory_mib;
-            if let Some(q) = demand.queues.get_mut(&profile) {
+            if let Some(q) = queues.get_mut(profile) {
                 q.pop_front();
             }
         }
@@ -341,10 +357,12 @@ fn fill_gpu(
     let mut plan = last?;
     // Give back what the GPU offered free before, where it still fits, so a change only takes
     // the room the demand needs.
-    let mut back: Vec<&String> = free_before.iter().collect();
-    back.sort_by_key(|p| std::cmp::Reverse(slices(model, p)));
-    for profile in back {
-        let size = slices(model, profile);
+    let mut back: Vec<(u32, &String)> = free_before
+        .iter()
+        .map(|p| (planner.slices(model, p), p))
+        .collect();
+    back.sort_by_key(|(size, _)| std::cmp::Reverse(*size));
+    for (size, profile) in back {
         if size == 0 || used + size > total {
             continue;
         }

@@ -46,10 +46,17 @@ fn ts_ms(v: &Value) -> Option<Millis> {
 }
 
 /// Milliseconds since the epoch of a Kubernetes time: the start of the whole second it names
-/// (see [`crate::time`] for comparing it with the controller's clock).
+/// (see [`crate::time`] for comparing it with the controller's clock). The same value as
+/// parsing the text the API server gets (whole seconds, a time before the epoch is none),
+/// read off the timestamp: serializing it to parse it again was a fifth of the snapshot's
+/// time with 50,000 pending pods.
 pub fn meta_time(t: Option<&Time>) -> Option<Millis> {
-    let v = serde_json::to_value(t?).ok()?;
-    parse_rfc3339(v.as_str()?)
+    let ts = t?.0;
+    if ts.subsec_nanosecond() < 0 {
+        // Between two seconds before the epoch: its text names a second before it.
+        return None;
+    }
+    u64::try_from(ts.as_second()).ok()?.checked_mul(1000)
 }
 
 fn key(ns: Option<&str>, name: Option<&str>) -> String {
@@ -412,18 +419,21 @@ fn ready_node(
     gpu_util: &HashMap<String, f64>,
 ) -> ANode {
     let labels = n.metadata.labels.clone().unwrap_or_default();
+    // Each pod's requests once, not once per resource of the node.
+    let requests: Vec<BTreeMap<String, f64>> =
+        pods.iter().map(|p| gpuops_kubemodel::requests(p)).collect();
     let mut scalars_free: BTreeMap<String, u64> = BTreeMap::new();
     if let Some(a) = n.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
         for (k, q) in a {
             if k.starts_with("nvidia.com/mig-") || k == PODS {
                 let have = gpuops_kubemodel::quantity(&q.0).unwrap_or(0.0);
-                let used: f64 = pods
+                let used: f64 = requests
                     .iter()
-                    .map(|p| {
+                    .map(|r| {
                         if k == PODS {
                             1.0
                         } else {
-                            gpuops_kubemodel::requests(p).get(k).copied().unwrap_or(0.0)
+                            r.get(k).copied().unwrap_or(0.0)
                         }
                     })
                     .sum();
@@ -453,15 +463,14 @@ fn ready_node(
     };
     let running: Vec<RunningPod> = pods
         .iter()
-        .filter(|p| !is_daemon_or_mirror(p))
-        .map(|p| {
+        .zip(&requests)
+        .filter(|(p, _)| !is_daemon_or_mirror(p))
+        .map(|(p, r)| {
             let ann = p.metadata.annotations.as_ref();
             RunningPod {
                 key: key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()),
                 labels: p.metadata.labels.clone().unwrap_or_default(),
-                gpu: gpuops_kubemodel::requests(p)
-                    .iter()
-                    .any(|(k, v)| is_gpu_resource(k) && *v > 0.0),
+                gpu: r.iter().any(|(k, v)| is_gpu_resource(k) && *v > 0.0),
                 do_not_disrupt: DO_NOT_DISRUPT
                     .iter()
                     .any(|a| ann.and_then(|m| m.get(*a)).is_some_and(|v| v == "true")),

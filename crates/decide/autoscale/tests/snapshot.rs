@@ -334,3 +334,40 @@ fn a_node_is_its_machines_by_provider_id_before_the_node_ref_is_set() {
     assert_eq!(pool_of("b"), Some(Some("capi/gpu".to_string())));
     assert_eq!(pool_of("c"), Some(None));
 }
+
+/// `meta_time` reads the timestamp directly; it must give what parsing the API server's text
+/// gives (whole seconds, truncated; nothing before the epoch), as it did when it went through
+/// that text.
+#[test]
+fn meta_time_is_the_start_of_the_second_the_text_names() {
+    use gpuops_autoscale::snapshot::meta_time;
+    use gpuops_autoscale::time::parse_rfc3339;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    let via_text = |t: &Time| {
+        let v = serde_json::to_value(t).unwrap();
+        parse_rfc3339(v.as_str().unwrap())
+    };
+    for (secs, nanos) in [
+        (1_767_225_600, 0),
+        (1_767_225_600, 999_999_999),
+        (1_767_225_601, 1_000_000),
+        (0, 0),
+        (0, 500_000_000),
+        (-1, 0),
+        (0, -500_000_000),
+        (-1, -500_000_000),
+        (-86_400 * 365, 0),
+        (253_402_000_000, 999_000_000),
+    ] {
+        let t = Time(Timestamp::new(secs, nanos).unwrap());
+        assert_eq!(meta_time(Some(&t)), via_text(&t), "{t:?}");
+    }
+    assert_eq!(
+        meta_time(Some(&Time(
+            Timestamp::new(1_767_225_600, 999_999_999).unwrap()
+        ))),
+        Some(1_767_225_600_000)
+    );
+    assert_eq!(meta_time(None), None);
+}

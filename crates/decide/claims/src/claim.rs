@@ -9,6 +9,7 @@ use crate::cel::{Functions, Selector, Verdict, device_value};
 use cel::Value;
 use gpuops_dra::DeviceModel;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// How many devices a request wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +49,9 @@ pub type Classes = BTreeMap<String, Vec<String>>;
 
 /// The devices of one node (modelled or in flight), what is taken, and the counters left.
 pub struct NodeDevices {
-    model: DeviceModel,
+    /// Shared by the copies: the demand clones one node per pool for thousands of nodes, and
+    /// nothing changes the devices themselves, only what is taken of them.
+    model: Arc<DeviceModel>,
     values: Vec<Value>,
     used: BTreeSet<usize>,
     counters: BTreeMap<String, BTreeMap<String, u64>>,
@@ -86,7 +89,7 @@ impl NodeDevices {
             .map(|s| (s.name.clone(), s.counters.clone()))
             .collect();
         NodeDevices {
-            model,
+            model: Arc::new(model),
             values,
             used: BTreeSet::new(),
             counters,

@@ -7,7 +7,7 @@ use crate::node::{self, NewNode};
 use crate::plan::{Existing, ExistingKind, Outcome, Plan, PodClaims, PoolShape, plan};
 use gpuops_autoscale::model::Snapshot;
 use gpuops_autoscale::{Event, InFlight, ScaleUp, Target};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// The catalog model a pool's `nvidia.com/gpu.product` (or catalog key) names, as the pool
 /// parser reads it.
@@ -52,6 +52,9 @@ pub fn decide(
             gpus: p.template.gpus,
             dynamic_mig: false,
         });
+        // Every node of the pool starts from this one: its devices' CEL values are built once
+        // per pool rather than once per node (thousands of nodes, eight devices each).
+        let fresh = NodeDevices::new(devices.clone());
         let planned: u32 = already
             .iter()
             .filter(|s| s.pool == p.name)
@@ -72,7 +75,7 @@ pub fn decide(
         {
             let Some(n) = &m.node else { continue };
             with_node += 1;
-            let mut d = NodeDevices::new(devices.clone());
+            let mut d = fresh.clone();
             if let Some(held) = allocated.get(n) {
                 d.mark_used(held.iter().map(String::as_str));
             }
@@ -85,11 +88,12 @@ pub fn decide(
         // Registered nodes of the pool too: a node whose devices are free is the scheduler's to
         // use once its slices are published or it retries the pod, and buying in that gap
         // bought a second node on the test bed. Its modelled devices, less what claims hold.
-        let counted: Vec<String> = existing.iter().map(|e| e.node.clone()).collect();
+        // A set: a list here made 5,000 nodes a quadratic scan over every node before them.
+        let counted: HashSet<String> = existing.iter().map(|e| e.node.clone()).collect();
         for n in snap.nodes.iter().filter(|n| {
             n.pool.as_deref() == Some(p.name.as_str()) && !n.removing && !counted.contains(&n.name)
         }) {
-            let mut d = NodeDevices::new(devices.clone());
+            let mut d = fresh.clone();
             if let Some(held) = allocated.get(&n.name) {
                 d.mark_used(held.iter().map(String::as_str));
             }
@@ -108,7 +112,7 @@ pub fn decide(
         for i in 0..flying.saturating_sub(with_node) {
             existing.push(Existing {
                 node: format!("{}/in-flight-{i}", p.name),
-                devices: NodeDevices::new(devices.clone()),
+                devices: fresh.clone(),
                 kind: ExistingKind::InFlight,
             });
         }

@@ -7,7 +7,7 @@ use crate::ClaimError;
 use crate::cel::Functions;
 use crate::claim::{Allocation, ClaimSpec, Classes, NodeDevices};
 use gpuops_dra::DeviceModel;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A pool that can grow: the devices its new node publishes and how many more it may buy.
 #[derive(Debug, Clone)]
@@ -90,6 +90,7 @@ pub fn plan(
     });
     let mut room: Vec<u32> = pools.iter().map(|p| p.room).collect();
     let mut fresh: Vec<Option<NodeDevices>> = vec![None; pools.len()];
+    let mut scan = Scan::new(&existing, pools);
     let mut out = Plan::default();
     for pod in pods {
         let outcome = serve(
@@ -101,6 +102,7 @@ pub fn plan(
             &order,
             &mut room,
             &mut fresh,
+            &mut scan,
         );
         if let Outcome::Buy { pool, .. } = &outcome {
             *out.buys.entry(pool.clone()).or_default() += 1;
@@ -108,6 +110,59 @@ pub fn plan(
         out.outcomes.push((pod.pod.clone(), outcome));
     }
     out
+}
+
+/// What makes serving thousands of pods linear in the nodes rather than quadratic.
+struct Scan {
+    /// Per shape of demand (the pod's claims' requests, the claims' names aside) with one
+    /// alternative per request: per kind of node, the first index in `existing` not known to
+    /// refuse it. Devices are only ever taken, so a node that refused a shape refuses it again,
+    /// and (one alternative each) it evaluates a prefix of the selectors it evaluated then,
+    /// so it cannot newly fail with an error either; pods of one shape, after a node filled up,
+    /// scanned every full node before it again. With `firstAvailable` a fuller node may try an
+    /// alternative it never evaluated: those shapes scan from the start as before.
+    from: HashMap<String, [usize; 2]>,
+    /// Per pool: the nodes bought so far (`<pool>/new-<n>`), counted once rather than by
+    /// scanning every node at each purchase.
+    bought: Vec<usize>,
+}
+
+impl Scan {
+    fn new(existing: &[Existing], pools: &[PoolShape]) -> Self {
+        let bought = pools
+            .iter()
+            .map(|p| {
+                let prefix = format!("{}/new-", p.name);
+                existing
+                    .iter()
+                    .filter(|e| e.node.starts_with(&prefix))
+                    .count()
+            })
+            .collect();
+        Self {
+            from: HashMap::new(),
+            bought,
+        }
+    }
+
+    /// The key of a pod's demand, `None` when it may not skip nodes.
+    fn shape(pod: &PodClaims) -> Option<String> {
+        let single = pod
+            .claims
+            .iter()
+            .all(|c| c.requests.iter().all(|r| r.alternatives.len() == 1));
+        single.then(|| {
+            let requests: Vec<_> = pod.claims.iter().map(|c| &c.requests).collect();
+            format!("{requests:?}")
+        })
+    }
+}
+
+fn kind_index(kind: ExistingKind) -> usize {
+    match kind {
+        ExistingKind::InFlight => 0,
+        ExistingKind::Repartitionable => 1,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -120,6 +175,7 @@ fn serve(
     order: &[usize],
     room: &mut [u32],
     fresh: &mut [Option<NodeDevices>],
+    scan: &mut Scan,
 ) -> Outcome {
     let claims = match pod
         .claims
@@ -130,21 +186,43 @@ fn serve(
         Ok(c) => c,
         Err(e) => return Outcome::Error(e),
     };
+    let shape = Scan::shape(pod);
+    let mut from = shape
+        .as_ref()
+        .and_then(|k| scan.from.get(k))
+        .copied()
+        .unwrap_or([0, 0]);
     // In flight first, then re-partitioning: both cost no new node.
-    for kind in [ExistingKind::InFlight, ExistingKind::Repartitionable] {
-        for e in existing.iter_mut().filter(|e| e.kind == kind) {
+    let mut found = None;
+    'kinds: for kind in [ExistingKind::InFlight, ExistingKind::Repartitionable] {
+        let k = kind_index(kind);
+        for (i, e) in existing.iter_mut().enumerate().skip(from[k]) {
+            if e.kind != kind {
+                continue;
+            }
             match e.devices.allocate(fns, &claims) {
                 Ok(Some(devices)) => {
+                    from[k] = i;
                     let node = e.node.clone();
-                    return match kind {
+                    found = Some(match kind {
                         ExistingKind::InFlight => Outcome::InFlight { node, devices },
                         ExistingKind::Repartitionable => Outcome::Repartition { node, devices },
-                    };
+                    });
+                    break 'kinds;
                 }
-                Ok(None) => {}
-                Err(e) => return Outcome::Error(e),
+                Ok(None) => from[k] = i + 1,
+                Err(e) => {
+                    found = Some(Outcome::Error(e));
+                    break 'kinds;
+                }
             }
         }
+    }
+    if let Some(k) = shape {
+        scan.from.insert(k, from);
+    }
+    if let Some(o) = found {
+        return o;
     }
     let mut tried = Vec::new();
     for &p in order {
@@ -159,10 +237,8 @@ fn serve(
         match node.allocate(fns, &claims) {
             Ok(Some(devices)) => {
                 room[p] -= 1;
-                let n = existing
-                    .iter()
-                    .filter(|e| e.node.starts_with(&format!("{}/new-", pool.name)))
-                    .count();
+                let n = scan.bought[p];
+                scan.bought[p] += 1;
                 existing.push(Existing {
                     node: format!("{}/new-{n}", pool.name),
                     devices: node,
