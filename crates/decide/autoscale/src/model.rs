@@ -277,9 +277,10 @@ impl Default for Config {
     }
 }
 
-/// What the decision remembers between calls. Only soft state: losing it (a restart) delays a
-/// scale-down or a back-off expiry, never causes a second scale-up, because what is in flight is
-/// read from the snapshot.
+/// What the decision remembers between calls. Only soft state: what is in flight is read from the
+/// snapshot, so losing it never causes a second scale-up for one need. The controller still
+/// carries it across a restart or failover in its status ConfigMap ([`crate::memory`]): lost, a
+/// scale-down's idle time would start over and a failing pool's back-off end at once.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct State {
     /// Node -> since when it has been unneeded.
