@@ -31,17 +31,27 @@ pub struct Dirs {
 
 impl Dirs {
     /// The directories of daemon `name` under `root`. The name is one path segment (a GPU's
-    /// UUID for the device plugin, a claim's UID for DRA), so two daemons never share a pipe
-    /// directory and none can reach outside the root or onto the shared `shm`.
+    /// UUID, a claim's UID for DRA) or an extended resource name `<domain>/<name>` (the device
+    /// plugin's daemon per MPS-shared resource: NVIDIA's device plugin hands containers
+    /// `<root>/nvidia.com/gpu/pipe`). Either way two daemons never share a pipe directory and
+    /// none can reach outside the root or onto the shared `shm`.
     pub fn new(root: &Path, name: &str) -> Result<Dirs, MpsError> {
+        let segments: Vec<&str> = name.split('/').collect();
         let why = if name.is_empty() {
             Some("it is empty")
-        } else if name == "." || name == ".." {
+        } else if segments.len() > 2 {
+            Some("it has more than one '/' (one segment, or <domain>/<name>)")
+        } else if segments.iter().any(|s| s.is_empty()) {
+            Some("it has an empty path segment")
+        } else if segments.iter().any(|s| *s == "." || *s == "..") {
             Some("it is a relative path segment")
-        } else if name.contains('/') || name.contains('\0') {
-            Some("it contains '/' or NUL")
-        } else if name == "shm" {
+        } else if name.contains('\0') {
+            Some("it contains NUL")
+        } else if segments[0] == "shm" {
             Some("`shm` is the shared memory directory of every daemon")
+        } else if segments.len() == 2 && (segments[1] == "pipe" || segments[1] == "log") {
+            // `<a>/pipe` would be daemon `<a>`'s pipe directory.
+            Some("`pipe` and `log` are a daemon's own directories")
         } else {
             None
         };
@@ -69,7 +79,8 @@ impl Dirs {
 /// What one daemon serves and how it limits its clients.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DaemonSpec {
-    /// The directory name: a GPU UUID (device plugin) or a claim UID (DRA).
+    /// The directory name: a resource name such as `nvidia.com/gpu` (device plugin) or a claim
+    /// UID (DRA); see [`Dirs::new`].
     pub name: String,
     /// GPU or MIG device UUIDs the daemon sees (`CUDA_VISIBLE_DEVICES`).
     pub uuids: Vec<String>,
@@ -235,10 +246,26 @@ mod tests {
 
     #[test]
     fn names_that_escape_or_collide_are_refused() {
-        for name in ["", ".", "..", "a/b", "../x", "shm", "a\0b"] {
+        for name in [
+            "", ".", "..", "../x", "a/..", "/a", "a/", "a//b", "a/b/c", "shm", "shm/x", "a\0b",
+            "a/pipe", "a/log",
+        ] {
             let err = Dirs::new(Path::new("/r"), name).unwrap_err();
             assert!(matches!(err, MpsError::BadName { .. }), "{name:?}: {err}");
         }
+    }
+
+    /// The device plugin's daemon per resource sits where Allocate points containers:
+    /// `<root>/<resource name>/pipe`, the resource name with its domain.
+    #[test]
+    fn a_resource_name_lays_out_under_its_domain() {
+        let d = Dirs::new(Path::new("/run/nvidia/mps"), "nvidia.com/gpu").unwrap();
+        assert_eq!(d.base, Path::new("/run/nvidia/mps/nvidia.com/gpu"));
+        assert_eq!(d.pipe, Path::new("/run/nvidia/mps/nvidia.com/gpu/pipe"));
+        assert_eq!(d.log, Path::new("/run/nvidia/mps/nvidia.com/gpu/log"));
+        assert_eq!(d.shm, Path::new("/run/nvidia/mps/shm"));
+        let shared = Dirs::new(Path::new("/run/nvidia/mps"), "nvidia.com/gpu.shared").unwrap();
+        assert_ne!(d.pipe, shared.pipe);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! NVIDIA's MPS control daemon per shared GPU (device plugin) or per claim (DRA): its directory
+//! NVIDIA's MPS control daemon per MPS-shared resource (device plugin) or per claim (DRA): its directory
 //! layout, its supervisor, and what a container needs to use it.
 
 mod control;

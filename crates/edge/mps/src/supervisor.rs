@@ -302,6 +302,13 @@ impl Run {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         remove_dir(&self.dirs.base).await;
+        // A resource's daemon sits in `<root>/<domain>/<name>`: the domain's directory goes
+        // with its last daemon (removing a directory that still has one fails, and is meant to).
+        if let Some(parent) = self.dirs.base.parent()
+            && Some(parent) != self.dirs.shm.parent()
+        {
+            let _ = tokio::fs::remove_dir(parent).await;
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  snapshot loop (the only NVML caller, with a deadline) ──┐
-//!  XID thread (blocking NVML event wait) ──────────────────┤──> NodeState ──┬─> config + device plugin feed ─> plugin servers
+//!  XID thread (blocking NVML event wait) ──────────────────┤──> NodeState ──┬─> config + device plugin feed ─> MPS daemons ─> plugin servers
 //!                                                          │                ├─> exporter (PodResources, render) ─> /metrics
 //!                                                          │                ├─> node reconciler (labels, condition, taint, annotation)
 //!  node watch (API server) ─> observed Node ───────────────┴────────────────┴─> MIG reconciler + executor (gpuops-migexec, in-process)
@@ -23,6 +23,7 @@ mod feed;
 #[cfg(test)]
 mod hung;
 mod mig;
+pub mod mps;
 mod named;
 mod node;
 mod podresources;
@@ -93,6 +94,9 @@ pub struct AgentConfig {
     pub cdi: Option<CdiConfig>,
     /// Serve the GPUs as DRA driver `gpu.nvidia.com` (needs `kube`); `None`: no DRA.
     pub dra: Option<DraConfig>,
+    /// `nvidia-cuda-mps-control`, for the device plugin's MPS sharing (one daemon per shared
+    /// resource, under the config's `mpsRoot`); `None`: MPS-shared resources are not served.
+    pub mps_control_binary: Option<PathBuf>,
 }
 
 /// The exporter.
@@ -306,7 +310,14 @@ impl Agent {
         tasks.push(("config feed", feed_task));
 
         if let Some(dir) = config.plugin_dir {
-            let (rx, stop) = (published_rx.clone(), stop_rx.clone());
+            // An MPS-shared resource reaches the plugin servers once its daemon answers.
+            let (served_rx, mps_task) = mps::spawn(
+                config.mps_control_binary,
+                published_rx.clone(),
+                stop_rx.clone(),
+            );
+            tasks.push(("MPS control daemons", mps_task));
+            let (rx, stop) = (served_rx, stop_rx.clone());
             let registered = probes
                 .registered
                 .clone()

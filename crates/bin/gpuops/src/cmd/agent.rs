@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use gpuops_agent::{AgentConfig, MetricsConfig, prepare};
 use gpuops_metrics::HostnameLabel;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,6 +68,13 @@ pub struct Args {
     /// Do not serve the kubelet device plugin API.
     #[arg(long)]
     no_device_plugin: bool,
+    /// NVIDIA's MPS control daemon, started per MPS-shared device plugin resource and per DRA
+    /// claim whose opaque config asks for MPS sharing, its directories under --mps-root (the
+    /// config's mpsRoot, default /run/nvidia/mps) [default: usr/bin/nvidia-cuda-mps-control
+    /// under the driver root, where it is]. Without one, MPS-shared resources are not served
+    /// and MPS claims fail to prepare, saying so.
+    #[arg(long, env = "GPUOPS_MPS_CONTROL_BINARY", value_name = "FILE")]
+    mps_control_binary: Option<PathBuf>,
     /// How long one read of the GPUs may take before the agent reports the driver as hanging
     /// (and /healthz fails after a few such intervals).
     #[arg(long, env = "GPUOPS_SNAPSHOT_TIMEOUT", default_value = "30s", value_parser = super::parse_duration)]
@@ -110,20 +117,6 @@ pub struct DraFlags {
     /// (--mig-config-file) must be off.
     #[arg(long, env = "GPUOPS_DRA_DYNAMIC_MIG", requires = "dra")]
     dra_dynamic_mig: bool,
-    /// NVIDIA's MPS control daemon, started per claim whose opaque config asks for MPS sharing
-    /// [default: usr/bin/nvidia-cuda-mps-control under the driver root, where it is]. Without
-    /// one, such claims fail to prepare, saying so.
-    #[arg(long, env = "GPUOPS_MPS_CONTROL_BINARY", value_name = "FILE")]
-    mps_control_binary: Option<PathBuf>,
-    /// Where the MPS daemons' pipe, log and shm directories go (a host path the containers'
-    /// CDI mounts name; a tmpfs is best).
-    #[arg(
-        long,
-        env = "GPUOPS_MPS_ROOT",
-        value_name = "DIR",
-        default_value = "/run/nvidia/mps"
-    )]
-    mps_root: PathBuf,
 }
 
 /// The CDI spec the agent writes for the `cdi-annotations` / `cdi-cri` device list strategies.
@@ -288,6 +281,7 @@ pub fn run_exporter(a: ExporterArgs) -> Result<ExitCode> {
         config_dir: None,
         default_config: None,
         no_device_plugin: true,
+        mps_control_binary: None,
         snapshot_timeout: Duration::from_secs(30),
         node: NodeFlags::default(),
         nvidia: NvidiaFlags::default(),
@@ -465,6 +459,27 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Some(c) => println!("  CDI spec       {}", c.path.display()),
         None => println!("  CDI spec       not written (--cdi-spec-dir)"),
     }
+    // The driver's files as this process sees them, as the CDI spec probes them.
+    let mps_control_binary = |probe_root: Option<&Path>| {
+        args.mps_control_binary.clone().or_else(|| {
+            let root = match probe_root {
+                Some(r) => r.to_path_buf(),
+                None => {
+                    prepare::cdi_config(
+                        Some("."),
+                        None,
+                        &config,
+                        sim_state.map(|state_dir| prepare::SimulatedRoots {
+                            state_dir,
+                            driver_root: state_dir.join(gpuops_sim::devnodes::DRIVER_ROOT),
+                        }),
+                    )?
+                    .probe_root
+                }
+            };
+            Some(root.join("usr/bin/nvidia-cuda-mps-control")).filter(|p| p.is_file())
+        })
+    };
     let dra = args.dra.dra.then(|| {
         // Claims get their own specs beside the node's, in --cdi-spec-dir or the default.
         let dir = args
@@ -507,15 +522,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .as_ref()
             .map(|r| r.probe_root.clone())
             .unwrap_or_else(|| PathBuf::from("/"));
-        let mps_binary = args.dra.mps_control_binary.clone().or_else(|| {
-            Some(probe_root.join("usr/bin/nvidia-cuda-mps-control")).filter(|p| p.is_file())
-        });
+        let mps_binary = mps_control_binary(Some(&probe_root));
         match &mps_binary {
-            Some(b) => println!("  MPS            {} (daemons in {})", b.display(), args.dra.mps_root.display()),
+            Some(b) => println!("  MPS            {} (daemons in {})", b.display(), config.mps_root()),
             None => println!("  MPS            no nvidia-cuda-mps-control (--mps-control-binary): claims asking for MPS fail"),
         }
         gpuops_agent::DraConfig {
-            mps: mps_binary.map(|b| gpuops_agent::MpsConfig::new(b, args.dra.mps_root.clone())),
+            mps: mps_binary.map(|b| gpuops_agent::MpsConfig::new(b, config.mps_root())),
             plugin,
             cdi_dir: PathBuf::from(&dir),
             probe_root,
@@ -596,6 +609,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         sysfs_root: args.c.gpus.sysfs_root.clone(),
         cdi,
         dra,
+        mps_control_binary: mps_control_binary(None).filter(|_| !args.no_device_plugin),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
