@@ -15,12 +15,15 @@
 //!   side by side;
 //! - shutdown that drains in-flight calls for a bounded time, then cancels them;
 //! - [`CheckpointStore`]: the plugin's state file, written atomically, whose corruption is an
-//!   error naming the file rather than a crash.
+//!   error naming the file rather than a crash;
+//! - [`regproxy`]: a proxy in front of the registration socket for kubelets whose `:authority`
+//!   our HTTP/2 server would refuse (every driver on such a kubelet needs it).
 
 mod checkpoint;
 mod error;
 mod locks;
 mod preparer;
+pub mod regproxy;
 mod registration;
 mod service;
 mod supervisor;

@@ -439,7 +439,6 @@ impl Preparer {
     }
 
     async fn prepare_one(&self, claim: &Claim) -> Result<Vec<PreparedDevice>, AgentError> {
-        let driver = self.cfg.plugin.driver.clone();
         // Prepared before (an agent restart): the same answer, nothing written again.
         if let Some(done) = self
             .store
@@ -472,8 +471,20 @@ impl Preparer {
                 ));
             }
         };
-        let allocated = allocated_here(&rc, claim, &driver, &self.node)?;
-        let configs = opaque_configs(&rc, claim, &driver)?;
+        self.prepare_allocated(claim, &rc).await
+    }
+
+    /// The node's half of prepare, for the claim as read from the API server: the devices made
+    /// where dynamic MIG needs them, the claim's CDI spec written, the checkpoint kept at every
+    /// step. (Public for the prepare benchmark, which has no API server.)
+    pub async fn prepare_allocated(
+        &self,
+        claim: &Claim,
+        rc: &ResourceClaim,
+    ) -> Result<Vec<PreparedDevice>, AgentError> {
+        let driver = self.cfg.plugin.driver.clone();
+        let allocated = allocated_here(rc, claim, &driver, &self.node)?;
+        let configs = opaque_configs(rc, claim, &driver)?;
         let state = self.state.borrow().clone();
         let model = gpuops_dra::build(
             &state.inventory,
@@ -650,7 +661,9 @@ impl Preparer {
         .await
     }
 
-    async fn unprepare_one(&self, claim: &Claim) -> Result<(), AgentError> {
+    /// Undoes a prepare: the claim's MIG devices, MPS daemon, CDI spec and checkpoint entry; what
+    /// is already gone is not an error.
+    pub async fn unprepare_one(&self, claim: &Claim) -> Result<(), AgentError> {
         // The claim's own MIG devices only, as the checkpoint records them: never one another
         // claim holds, after a restart too.
         let held: Vec<CreatedMig> = self

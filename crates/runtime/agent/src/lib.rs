@@ -28,7 +28,6 @@ mod named;
 mod node;
 mod podresources;
 pub mod prepare;
-mod regproxy;
 mod snapshot;
 mod startup;
 mod state;
@@ -37,7 +36,7 @@ mod xid;
 pub use cdi::{CdiConfig, GenerateRoots, generate_inputs, probe_driver, update_ldcache};
 pub use changes::{Change, changes};
 pub use dra::{
-    Allocated, CLAIM_CDI_KIND, DraConfig, allocated_here, check_flags as check_dra_flags,
+    Allocated, CLAIM_CDI_KIND, DraConfig, Preparer, allocated_here, check_flags as check_dra_flags,
     claim_cdi_id, claim_spec, claim_spec_path, desired_slices,
 };
 pub use error::AgentError;
@@ -256,14 +255,15 @@ impl Agent {
                     stop_rx.clone(),
                 )),
             ));
-            // The kubelet's registration requests reach the plugin through the proxy (regproxy
-            // says why); the plugin's own registration socket sits in its private directory.
+            // The kubelet's registration requests reach the plugin through the proxy
+            // (gpuops_draplugin::regproxy says why); the plugin's own registration socket sits
+            // in its private directory.
             let kubelet_registration = d.plugin.registration_socket();
             let mut plugin = d.plugin.clone();
             plugin.registry_dir = plugin.plugin_dir.join("registration");
             tasks.push((
                 "DRA registration proxy",
-                tokio::spawn(regproxy::serve(
+                tokio::spawn(gpuops_draplugin::regproxy::serve(
                     kubelet_registration,
                     plugin.registration_socket(),
                     stop_rx.clone(),
