@@ -157,6 +157,93 @@ impl Bed {
             .map(|l| l["items"].as_array().cloned().unwrap_or_default())
             .unwrap_or_default()
     }
+
+    /// Every device of the node's slices.
+    fn devices(&self) -> Vec<Value> {
+        self.slices()
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .collect()
+    }
+
+    /// The names of the devices in the node's slices.
+    fn device_names(&self) -> Vec<String> {
+        self.devices()
+            .iter()
+            .filter_map(|d| d["name"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// `gpuops sim ARGS --state DIR` on the node's simulated driver (the agent's container
+    /// mounts the same directory).
+    fn sim(&self, args: &[&str]) {
+        let state = self.node.dir().join("sim");
+        let out = common::gpuops()
+            .arg("sim")
+            .args(args)
+            .arg("--state")
+            .arg(&state)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::text(&out));
+    }
+
+    /// The agent's DRA claim checkpoint as it last replaced it (null before its first claim):
+    /// `<kubeletRootDir>/plugins/gpu.nvidia.com/checkpoint.json`, which is the node's
+    /// `kubelet` directory on the host.
+    fn checkpoint(&self) -> Value {
+        let file = self
+            .node
+            .dir()
+            .join("kubelet/plugins/gpu.nvidia.com/checkpoint.json");
+        // Replaced by rename, so a read sees the old file or the new one, never half of one.
+        std::fs::read(&file)
+            .ok()
+            .map(|b| serde_json::from_slice(&b).unwrap())
+            .unwrap_or(Value::Null)
+    }
+
+    /// The claim's state in the checkpoint (`Preparing`, `Prepared`), or None without an entry.
+    fn checkpointed(&self, uid: &str) -> Option<String> {
+        self.checkpoint()["claims"][uid]["state"]
+            .as_str()
+            .map(str::to_string)
+    }
+
+    /// The agent's pod on the node (the DaemonSet has one).
+    fn agent_pod(&self) -> Value {
+        let pods = self
+            .cluster
+            .get_json(&[
+                "pods",
+                "-n",
+                NAMESPACE,
+                "-l",
+                "app.kubernetes.io/component=node-agent",
+            ])
+            .unwrap();
+        let items = pods["items"].as_array().cloned().unwrap_or_default();
+        assert_eq!(items.len(), 1, "one agent pod: {pods}");
+        items[0].clone()
+    }
+
+    /// The name and uid of the claim a pod's first `resourceClaims` entry got, once it has one.
+    fn claim_of(&self, pod: &str) -> Option<(String, String)> {
+        let pod = self.cluster.get_json(&["pod", pod]).ok()?;
+        let name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str()?;
+        let claim = self.cluster.get_json(&["resourceclaim", name]).ok()?;
+        let uid = claim["metadata"]["uid"].as_str()?;
+        Some((name.to_string(), uid.to_string()))
+    }
+
+    /// The claim specs the agent left in the node's CDI directory.
+    fn claim_specs(&self) -> Vec<String> {
+        std::fs::read_dir(self.node.cdi_spec_dir())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("k8s.gpu.nvidia.com-claim_"))
+            .collect()
+    }
 }
 
 /// A control plane and a real node with the DRA gates, the simulated `fleet` with real device
@@ -606,8 +693,8 @@ spec:
     );
 }
 
-/// The MIG devices the simulated driver holds now, as `profile@start`.
-fn mig_devices(bed: &Bed) -> Vec<String> {
+/// The simulated driver's node as `gpuops inventory` reads it (on the host, beside the agent).
+fn inventory(bed: &Bed) -> Value {
     let sim = bed.node.dir().join("sim");
     let out = common::run(&[
         "inventory",
@@ -617,8 +704,12 @@ fn mig_devices(bed: &Bed) -> Vec<String> {
         "json",
     ]);
     assert!(out.status.success(), "{}", common::text(&out));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["gpus"]
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The MIG devices the simulated driver holds now, as `profile@start`.
+fn mig_devices(bed: &Bed) -> Vec<String> {
+    inventory(bed)["gpus"]
         .as_array()
         .into_iter()
         .flatten()
@@ -633,50 +724,58 @@ fn mig_devices(bed: &Bed) -> Vec<String> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
-fn with_dynamic_mig_a_claims_mig_device_is_made_at_prepare_and_destroyed_when_the_pod_is_gone() {
-    let (bed, _) = start_fleet("dgx-h100", &["dra.dynamicMig=true"]);
-    // Every placement of every GPU offered from the GPUs' counter sets, and nothing made yet.
-    bed.wait("the placements in the slices", 120, || {
-        bed.slices().iter().any(|s| {
-            s["spec"]["devices"].as_array().is_some_and(|d| {
-                d.iter().any(|d| {
-                    d["name"]
-                        .as_str()
-                        .is_some_and(|n| n.contains("-mig-3g40gb-"))
-                })
-            })
+/// The DRA device name (`gpu-<minor>`) of the GPU with NVML index `index`.
+fn gpu_device(bed: &Bed, index: u64) -> String {
+    let inv = inventory(bed);
+    let gpu = inv["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|g| g["index"] == index)
+        .unwrap_or_else(|| panic!("no GPU {index}: {inv}"));
+    format!("gpu-{}", gpu["minor_number"])
+}
+
+/// A selector for dynamic MIG's half-GPU placements.
+const HALF_A_GPU: &str = "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'";
+
+/// A ResourceClaimTemplate `name` with one request `device` of `class`, narrowed by a CEL
+/// `expression` when given.
+fn claim_template(name: &str, class: &str, expression: Option<&str>) -> String {
+    let selectors = expression
+        .map(|e| {
+            format!("\n          selectors:\n          - cel:\n              expression: \"{e}\"")
         })
-    });
-    assert!(mig_devices(&bed).is_empty(), "{:?}", mig_devices(&bed));
-    let t0 = Instant::now();
-    bed.cluster
-        .apply(&format!(
-            r#"apiVersion: resource.k8s.io/v1
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata:
-  name: half-a-gpu
+  name: {name}
 spec:
   spec:
     devices:
       requests:
-      - name: mig
+      - name: device
         exactly:
-          deviceClassName: mig.nvidia.com
-          selectors:
-          - cel:
-              expression: "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"
----
-apiVersion: v1
+          deviceClassName: {class}{selectors}
+"#
+    )
+}
+
+/// A pod `name` whose one container holds one claim; `source` says which:
+/// `resourceClaimTemplateName: T` (its own claim) or `resourceClaimName: C` (a shared one).
+fn claim_pod(bed: &Bed, name: &str, source: &str) -> String {
+    format!(
+        r#"apiVersion: v1
 kind: Pod
 metadata:
-  name: dyn
+  name: {name}
 spec:
   terminationGracePeriodSeconds: 1
   resourceClaims:
-  - name: mig
-    resourceClaimTemplateName: half-a-gpu
+  - name: device
+    {source}
   containers:
   - name: model
     image: {image}
@@ -684,11 +783,40 @@ spec:
     command: ["sh", "-c", "exec sleep 3600"]
     resources:
       claims:
-      - name: mig
+      - name: device
 "#,
-            image = bed.node.images().busybox_ref
-        ))
-        .unwrap();
+        image = bed.node.images().busybox_ref
+    )
+}
+
+/// A template `name` of one `mig.nvidia.com` device with [`HALF_A_GPU`] and a pod `name` with
+/// a claim from it.
+fn half_a_gpu_pod(bed: &Bed, name: &str) -> String {
+    format!(
+        "{}---\n{}",
+        claim_template(name, "mig.nvidia.com", Some(HALF_A_GPU)),
+        claim_pod(bed, name, &format!("resourceClaimTemplateName: {name}"))
+    )
+}
+
+/// Dynamic MIG is on: every placement of every GPU is offered (a 3g.40gb among them).
+fn wait_placements(bed: &Bed) {
+    bed.wait("the placements in the slices", 120, || {
+        bed.device_names()
+            .iter()
+            .any(|n| n.contains("-mig-3g40gb-"))
+    });
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn with_dynamic_mig_a_claims_mig_device_is_made_at_prepare_and_destroyed_when_the_pod_is_gone() {
+    let (bed, _) = start_fleet("dgx-h100", &["dra.dynamicMig=true"]);
+    // Every placement of every GPU offered from the GPUs' counter sets, and nothing made yet.
+    wait_placements(&bed);
+    assert!(mig_devices(&bed).is_empty(), "{:?}", mig_devices(&bed));
+    let t0 = Instant::now();
+    bed.cluster.apply(&half_a_gpu_pod(&bed, "dyn")).unwrap();
     bed.wait("the dynamic-MIG pod Running", 120, || {
         phase(&bed, "dyn") == "Running"
     });
@@ -719,4 +847,323 @@ spec:
         "dynamic MIG: pod deleted -> its MIG device destroyed (s)",
         format!("{:.1}", t1.elapsed().as_secs_f64()),
     );
+}
+
+/// The taints of the node's device `name` as `key=value`; None while it is not in the slices.
+fn taints(bed: &Bed, name: &str) -> Option<Vec<String>> {
+    bed.devices()
+        .into_iter()
+        .find(|d| d["name"] == name)
+        .map(|d| {
+            d["taints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| {
+                    format!(
+                        "{}={}",
+                        t["key"].as_str().unwrap_or_default(),
+                        t["value"].as_str().unwrap_or_default()
+                    )
+                })
+                .collect()
+        })
+}
+
+/// The agent's pods (two while a rollout replaces one) and the current log of each.
+fn agent_logs(bed: &Bed) -> Vec<(Value, String)> {
+    let pods = bed
+        .cluster
+        .get_json(&[
+            "pods",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app.kubernetes.io/component=node-agent",
+        ])
+        .unwrap();
+    pods["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| {
+            let name = p["metadata"]["name"].as_str().unwrap_or_default();
+            let log = bed
+                .cluster
+                .kubectl(&["logs", "-n", NAMESPACE, name])
+                .unwrap_or_default();
+            (p, log)
+        })
+        .collect()
+}
+
+/// The agent's one pod has `flag` and watches the node's `gpus` GPUs for XIDs (an XID sent
+/// before that would not be seen).
+fn agent_watching(bed: &Bed, flag: bool, gpus: usize) -> bool {
+    let agents = agent_logs(bed);
+    agents.len() == 1
+        && agents.iter().all(|(pod, log)| {
+            let has = pod["spec"]["containers"][0]["args"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|a| a == "--dra-device-taints"));
+            has == flag && log.contains(&format!("watching {gpus} GPUs"))
+        })
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node and the chart cost tens of seconds), so the cases read as the story they test.
+fn a_fatal_xid_takes_the_device_out_of_the_slice_or_taints_it_and_recovery_brings_it_back() {
+    // A short quiet period: the recovery is part of the scenario.
+    let (bed, _) = start(&["healthQuietPeriod=5s"]);
+    bed.wait("the node's ResourceSlice with 4 GPUs", 120, || {
+        bed.device_names().len() == 4
+    });
+    bed.wait("the agent watching its GPUs for XIDs", 60, || {
+        agent_watching(&bed, false, 4)
+    });
+    let sick = gpu_device(&bed, 2);
+
+    // Without device taints (dra.deviceTaints=false): the device leaves the slice.
+    let t0 = Instant::now();
+    bed.sim(&["xid", "--gpu", "2", "--xid", "48"]);
+    let mut left = Vec::new();
+    bed.wait("the XID's GPU out of the slice", 30, || {
+        left = bed.device_names();
+        left.len() == 3
+    });
+    figure(
+        "XID -> device gone from the slice (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    assert!(!left.contains(&sick), "{sick} left, not another: {left:?}");
+    bed.wait(
+        "the GPU back in the slice after the quiet period",
+        60,
+        || bed.device_names().contains(&sick),
+    );
+    figure(
+        "XID -> device back in the slice, 5 s quiet period (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_secs(5),
+        "not before the quiet period"
+    );
+    assert_eq!(taints(&bed, &sick), Some(vec![]), "back untainted");
+
+    // With device taints (gate DRADeviceTaints, on in the test bed): the device stays, tainted.
+    bed.helm(&[
+        "upgrade".into(),
+        "gpuops".into(),
+        repo().join("deploy/helm/gpuops").display().to_string(),
+        "--namespace".into(),
+        NAMESPACE.into(),
+        "--reuse-values".into(),
+        "--set".into(),
+        "dra.deviceTaints=true".into(),
+    ]);
+    bed.wait(
+        "the agent restarted with --dra-device-taints, watching its GPUs",
+        120,
+        || agent_watching(&bed, true, 4),
+    );
+    let t0 = Instant::now();
+    bed.sim(&["xid", "--gpu", "2", "--xid", "48"]);
+    bed.wait("the XID's GPU tainted in the slice", 30, || {
+        taints(&bed, &sick).is_some_and(|t| t.contains(&"gpu.nvidia.com/xid=48".to_string()))
+    });
+    figure(
+        "XID -> device tainted in the slice, dra.deviceTaints (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    assert_eq!(bed.device_names().len(), 4, "{:?}", bed.device_names());
+    bed.wait("the taint gone after the quiet period", 60, || {
+        taints(&bed, &sick).is_some_and(|t| t.is_empty())
+    });
+    figure(
+        "XID -> device taint removed, 5 s quiet period (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+// Long on purpose: one scenario, its steps in order on one shared setup (a control plane, a node and the chart cost tens of seconds), so the cases read as the story they test.
+fn kill_9_of_the_agent_during_prepare_then_the_pod_starts_and_nothing_leaks() {
+    // Dynamic MIG: its prepare calls the driver, which the simulator can hang, so the kill lands
+    // inside prepare every time rather than by timing.
+    let (bed, _) = start_fleet("dgx-h100", &["dra.dynamicMig=true"]);
+    wait_placements(&bed);
+    // Prepare records the claim as Preparing (with the placement it will hold), then blocks in
+    // its MIG create until the driver answers again.
+    bed.sim(&["hang-driver"]);
+    let t0 = Instant::now();
+    bed.cluster.apply(&half_a_gpu_pod(&bed, "crash")).unwrap();
+    let mut uid = String::new();
+    bed.wait("the claim Preparing in the agent's checkpoint", 120, || {
+        bed.claim_of("crash").is_some_and(|(_, u)| {
+            uid = u;
+            bed.checkpointed(&uid).as_deref() == Some("Preparing")
+        })
+    });
+    let agent = bed.agent_pod();
+    let pid = bed
+        .node
+        .container_pid(agent["metadata"]["uid"].as_str().unwrap(), "agent")
+        .unwrap()
+        .expect("the agent's process");
+    let killed = Instant::now();
+    let status = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -9 {pid}");
+    bed.wait("the killed agent gone", 30, || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert_eq!(
+        bed.checkpointed(&uid).as_deref(),
+        Some("Preparing"),
+        "the kill left the prepare unfinished"
+    );
+    assert!(bed.claim_specs().is_empty(), "{:?}", bed.claim_specs());
+    bed.sim(&["hang-driver", "--clear"]);
+
+    // The kubelet restarts the agent's container; its retried prepare finishes the claim.
+    bed.wait("the pod Running after the agent's restart", 180, || {
+        phase(&bed, "crash") == "Running"
+    });
+    figure(
+        "kill -9 of the agent during prepare -> pod Running (s)",
+        format!("{:.1}", killed.elapsed().as_secs_f64()),
+    );
+    figure(
+        "with kill -9 during prepare: pod created -> Running (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    let agent = bed.agent_pod();
+    assert!(
+        agent["status"]["containerStatuses"][0]["restartCount"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "the same agent pod, its container restarted: {}",
+        agent["status"]
+    );
+    assert_eq!(bed.checkpointed(&uid).as_deref(), Some("Prepared"));
+    let made = mig_devices(&bed);
+    assert_eq!(made.len(), 1, "one MIG device, not one per try: {made:?}");
+    assert_eq!(
+        bed.claim_specs(),
+        [format!("k8s.gpu.nvidia.com-claim_{uid}.json")]
+    );
+
+    // Nothing leaks: after the pod, no spec, no checkpoint entry, no MIG device.
+    let t1 = Instant::now();
+    bed.cluster
+        .kubectl(&["delete", "pod", "crash", "--wait=false"])
+        .unwrap();
+    bed.wait(
+        "the claim unprepared: spec, entry and MIG device gone",
+        120,
+        || {
+            bed.claim_specs().is_empty()
+                && bed.checkpointed(&uid).is_none()
+                && mig_devices(&bed).is_empty()
+        },
+    );
+    figure(
+        "after the kill: pod deleted -> claim unprepared (s)",
+        format!("{:.1}", t1.elapsed().as_secs_f64()),
+    );
+    let claims = bed.checkpoint()["claims"].clone();
+    assert!(
+        claims.as_object().is_some_and(|c| c.is_empty()),
+        "no entry left: {claims}"
+    );
+}
+
+#[test]
+#[ignore = "needs root and the test bed with kubelet and containerd (GPUOPS_K8S_BIN): run scripts/test"]
+fn one_time_sliced_claim_is_shared_by_two_pods_that_see_the_same_gpu() {
+    let (bed, _) = start(&[]);
+    bed.wait("the node's ResourceSlice", 120, || !bed.slices().is_empty());
+    // One ResourceClaim (not a template): both pods name it, NVIDIA's opaque config shares it.
+    let claim = r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: shared-gpu
+spec:
+  devices:
+    requests:
+    - name: device
+      exactly:
+        deviceClassName: gpu.nvidia.com
+    config:
+    - requests: [device]
+      opaque:
+        driver: gpu.nvidia.com
+        parameters:
+          apiVersion: resource.nvidia.com/v1beta1
+          kind: GpuConfig
+          sharing:
+            strategy: TimeSlicing
+            timeSlicingConfig:
+              interval: Long
+"#;
+    let pods =
+        ["shared-a", "shared-b"].map(|p| claim_pod(&bed, p, "resourceClaimName: shared-gpu"));
+    let t0 = Instant::now();
+    bed.cluster
+        .apply(&format!("{claim}---\n{}", pods.join("---\n")))
+        .unwrap();
+    bed.wait("both pods Running", 120, || {
+        phase(&bed, "shared-a") == "Running" && phase(&bed, "shared-b") == "Running"
+    });
+    figure(
+        "one time-sliced claim, two pods created -> both Running (s)",
+        format!("{:.1}", t0.elapsed().as_secs_f64()),
+    );
+    let claim = bed
+        .cluster
+        .get_json(&["resourceclaim", "shared-gpu"])
+        .unwrap();
+    let results = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(results.len(), 1, "one device: {}", claim["status"]);
+    let minor = results[0]["device"]
+        .as_str()
+        .and_then(|d| d.strip_prefix("gpu-"))
+        .unwrap()
+        .to_string();
+    let users = claim["status"]["reservedFor"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        users.len(),
+        2,
+        "reserved for both pods: {}",
+        claim["status"]
+    );
+    let a = gpus_seen(&bed, "shared-a");
+    assert_eq!(a, [format!("nvidia{minor}")], "the claim's one GPU");
+    assert_eq!(gpus_seen(&bed, "shared-b"), a, "the same GPU in both pods");
+    let uid = claim["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(
+        bed.claim_specs(),
+        [format!("k8s.gpu.nvidia.com-claim_{uid}.json")],
+        "prepared once for both"
+    );
+
+    // Unprepared once neither pod uses it.
+    bed.cluster
+        .kubectl(&["delete", "pod", "shared-a", "shared-b", "--wait=false"])
+        .unwrap();
+    bed.wait("the shared claim unprepared", 90, || {
+        bed.claim_specs().is_empty() && bed.checkpointed(&uid).is_none()
+    });
 }
