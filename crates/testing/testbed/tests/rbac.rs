@@ -39,7 +39,8 @@ const EXTENDER: &[Grant<'static>] = &[
 /// cordon (patch nodes); evictions; a Machine read and annotated
 /// before its pool's scale subresource is lowered; events.k8s.io Events (kube's Recorder creates,
 /// then patches a repeat); in its own namespace the leader Lease (kube-lease-manager: get, create,
-/// patch) and the status ConfigMap (server-side apply: patch, create the first time). The MIG
+/// patch) and the status ConfigMap (server-side apply: patch, create the first time; get by
+/// name, [`CONTROLLER_NAMED`]: a new leader reads back the last one's memory). The MIG
 /// reconciler also reads the agents' MIG ConfigMap by name ([`CONTROLLER_NAMED`]) and merges
 /// its configs in with the patch it already has, and labels nodes (patch).
 /// crates/runtime/controller/tests/e2e_controller.rs runs the controller on this chart's role.
@@ -98,12 +99,20 @@ const CONTROLLER: &[Grant<'static>] = &[
 /// What may be done to one object granted by `resourceNames`, which the unnamed questions of
 /// `assert_exact_access` cannot see: (resource, namespace, name, verbs). `get` is the named
 /// grant; create and patch come from the namespace-wide ConfigMap grant.
-const CONTROLLER_NAMED: &[(&str, &str, &str, &[&str])] = &[(
-    "configmaps",
-    "gpuops",
-    "gpuops-mig-config",
-    &["get", "create", "patch"],
-)];
+const CONTROLLER_NAMED: &[(&str, &str, &str, &[&str])] = &[
+    (
+        "configmaps",
+        "gpuops",
+        "gpuops-mig-config",
+        &["get", "create", "patch"],
+    ),
+    (
+        "configmaps",
+        "gpuops",
+        "gpuops-autoscaler-status",
+        &["get", "create", "patch"],
+    ),
+];
 
 /// Every hostPath the chart mounts; SECURITY.md says why each is needed.
 const HOST_PATHS: &[&str] = &[
