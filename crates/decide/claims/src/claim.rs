@@ -8,8 +8,8 @@ use crate::ClaimError;
 use crate::cel::{Functions, Selector, Verdict, device_value};
 use cel::Value;
 use gpuops_dra::DeviceModel;
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// How many devices a request wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +55,11 @@ pub struct NodeDevices {
     values: Vec<Value>,
     used: BTreeSet<usize>,
     counters: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Verdicts of selectors on the devices, by expression and device index, shared by the
+    /// copies (same devices, same values): a verdict depends on nothing else, and the demand
+    /// asked the same expressions of the same devices on thousands of copies of a pool's node.
+    /// Errors are not kept: each is evaluated again and named for its own claim.
+    verdicts: Arc<Mutex<HashMap<String, Vec<Option<bool>>>>>,
 }
 
 impl std::fmt::Debug for NodeDevices {
@@ -73,6 +78,7 @@ impl Clone for NodeDevices {
             values: self.values.clone(),
             used: self.used.clone(),
             counters: self.counters.clone(),
+            verdicts: Arc::clone(&self.verdicts),
         }
     }
 }
@@ -93,6 +99,7 @@ impl NodeDevices {
             values,
             used: BTreeSet::new(),
             counters,
+            verdicts: Arc::default(),
         }
     }
 
@@ -144,11 +151,34 @@ impl NodeDevices {
 
     fn selected(&self, fns: &Functions, alt: &Alternative, i: usize) -> Result<bool, ClaimError> {
         for s in &alt.selectors {
-            if s.matches(fns, &self.values[i])? == Verdict::NoMatch {
+            if !self.verdict(fns, s, i)? {
                 return Ok(false);
             }
         }
         Ok(true)
+    }
+
+    /// Whether selector `s` matches device `i`, from [`Self::verdicts`] when known.
+    fn verdict(&self, fns: &Functions, s: &Selector, i: usize) -> Result<bool, ClaimError> {
+        let known = self.verdicts.lock().ok().and_then(|m| {
+            m.get(&s.expression)
+                .and_then(|v| v.get(i).copied().flatten())
+        });
+        if let Some(v) = known {
+            return Ok(v);
+        }
+        let v = s.matches(fns, &self.values[i])? == Verdict::Match;
+        if let Ok(mut m) = self.verdicts.lock() {
+            let n = self.values.len();
+            if let Some(slot) = m
+                .entry(s.expression.clone())
+                .or_insert_with(|| vec![None; n])
+                .get_mut(i)
+            {
+                *slot = Some(v);
+            }
+        }
+        Ok(v)
     }
 
     /// Allocates one alternative on this node, or says it does not fit (node unchanged then).
