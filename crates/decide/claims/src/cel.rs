@@ -18,7 +18,8 @@ use std::sync::Arc;
 pub struct Selector {
     pub claim: String,
     pub expression: String,
-    program: Program,
+    /// Shared by the selectors of every claim with this expression ([`Selector::compile_shared`]).
+    program: Arc<Program>,
 }
 
 impl std::fmt::Debug for Selector {
@@ -47,8 +48,29 @@ impl Selector {
         Ok(Selector {
             claim: claim.to_string(),
             expression: expression.to_string(),
-            program,
+            program: Arc::new(program),
         })
+    }
+
+    /// As [`Selector::compile`], with the programs already compiled for other claims by
+    /// expression: thousands of pending pods carry the same few expressions, and compiling each
+    /// pod's again was most of the claim demand's time. A compile error is not kept, so each
+    /// claim's error names that claim.
+    pub fn compile_shared(
+        claim: &str,
+        expression: &str,
+        programs: &mut HashMap<String, Arc<Program>>,
+    ) -> Result<Selector, ClaimError> {
+        if let Some(p) = programs.get(expression) {
+            return Ok(Selector {
+                claim: claim.to_string(),
+                expression: expression.to_string(),
+                program: Arc::clone(p),
+            });
+        }
+        let s = Selector::compile(claim, expression)?;
+        programs.insert(expression.to_string(), Arc::clone(&s.program));
+        Ok(s)
     }
 
     /// Whether `device` is selected. A missing attribute or domain is no match, as for the

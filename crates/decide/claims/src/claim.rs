@@ -294,6 +294,16 @@ impl ClaimSpec {
     /// Compiles every selector (the class's first), failing on an unknown class or CEL that
     /// does not parse, naming the claim and the expression.
     pub fn compile(&self, classes: &Classes) -> Result<Claim, ClaimError> {
+        self.compile_shared(classes, &mut HashMap::new())
+    }
+
+    /// As [`ClaimSpec::compile`], sharing the programs compiled for other claims
+    /// ([`Selector::compile_shared`]).
+    pub fn compile_shared(
+        &self,
+        classes: &Classes,
+        programs: &mut HashMap<String, Arc<cel::Program>>,
+    ) -> Result<Claim, ClaimError> {
         if self.requests.is_empty() {
             return Err(ClaimError::Invalid {
                 claim: self.name.clone(),
@@ -314,7 +324,7 @@ impl ClaimSpec {
                 let selectors = class_sel
                     .iter()
                     .chain(&a.selectors)
-                    .map(|e| Selector::compile(&self.name, e))
+                    .map(|e| Selector::compile_shared(&self.name, e, programs))
                     .collect::<Result<Vec<_>, _>>()?;
                 alternatives.push(Alternative {
                     name: a.name.clone(),

@@ -125,6 +125,8 @@ struct Scan {
     /// Per pool: the nodes bought so far (`<pool>/new-<n>`), counted once rather than by
     /// scanning every node at each purchase.
     bought: Vec<usize>,
+    /// CEL programs by expression, compiled once for all pods.
+    programs: HashMap<String, std::sync::Arc<cel::Program>>,
 }
 
 impl Scan {
@@ -142,6 +144,7 @@ impl Scan {
         Self {
             from: HashMap::new(),
             bought,
+            programs: HashMap::new(),
         }
     }
 
@@ -180,7 +183,7 @@ fn serve(
     let claims = match pod
         .claims
         .iter()
-        .map(|c| c.compile(classes))
+        .map(|c| c.compile_shared(classes, &mut scan.programs))
         .collect::<Result<Vec<_>, _>>()
     {
         Ok(c) => c,
