@@ -122,10 +122,16 @@ fn report(what: &str, mut prepare: Vec<Duration>, mut unprepare: Vec<Duration>) 
     );
 }
 
+/// MIG devices on the node now (read outside the timed calls).
+fn mig_devices(gpus: &gpuops_nvml::Gpus) -> usize {
+    (0..8).map(|i| gpus.mig_devices_of(i).unwrap().len()).sum()
+}
+
 async fn run(
     p: &Preparer,
     runs: usize,
     device: impl Fn(usize) -> String,
+    made: Option<&gpuops_nvml::Gpus>,
 ) -> (Vec<Duration>, Vec<Duration>) {
     let mut prepare = Vec::with_capacity(runs);
     let mut unprepare = Vec::with_capacity(runs);
@@ -136,9 +142,16 @@ async fn run(
         let got = p.prepare_allocated(&c, &rc).await.unwrap();
         prepare.push(t.elapsed());
         assert_eq!(got.len(), 1);
+        // Dynamic MIG really made the claim's device, and unprepare really destroyed it.
+        if let Some(gpus) = made {
+            assert_eq!(mig_devices(gpus), 1, "run {i}: the claim's MIG device");
+        }
         let t = Instant::now();
         p.unprepare_one(&c).await.unwrap();
         unprepare.push(t.elapsed());
+        if let Some(gpus) = made {
+            assert_eq!(mig_devices(gpus), 0, "run {i}: destroyed at unprepare");
+        }
     }
     (prepare, unprepare)
 }
@@ -176,7 +189,7 @@ async fn main() {
         state_rx.clone(),
         gpus_rx.clone(),
     );
-    let (p, u) = run(&whole, runs, |i| format!("gpu-{}", i % 8)).await;
+    let (p, u) = run(&whole, runs, |i| format!("gpu-{}", i % 8), None).await;
     report("whole GPU (dgx-h100)", p, u);
 
     let dynamic = gpuops_agent::DraOptions {
@@ -192,9 +205,12 @@ async fn main() {
         .collect();
     assert!(!placements.is_empty(), "no 3g.40gb placement published");
     let mig = preparer(dir.path(), "dynamic", dynamic, state_rx, gpus_rx);
-    let (p, u) = run(&mig, runs.min(100), |i| {
-        placements[i % placements.len()].clone()
-    })
+    let (p, u) = run(
+        &mig,
+        runs.min(100),
+        |i| placements[i % placements.len()].clone(),
+        Some(&gpus),
+    )
     .await;
     report(
         "dynamic MIG 3g.40gb made at prepare, destroyed at unprepare (dgx-h100)",
