@@ -14,7 +14,6 @@
 
 use crate::mig_demand::MigMemory;
 use crate::model::{Backoff, Millis, PendingPod, State};
-use crate::status::PendingStatus;
 use crate::time::latest_creation;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -82,14 +81,10 @@ impl Remembered {
         }
     }
 
-    /// The memory a new leader starts with: this, and each pod's last explanation from the
-    /// status' `pending` list (so the events already recorded are not recorded again).
-    pub fn restore(self, pending: &[PendingStatus]) -> Restored {
-        let explained = pending
-            .iter()
-            .filter(|p| matches!(p.plan.as_str(), "new-node" | "in-flight" | "unschedulable"))
-            .map(|p| (p.pod.clone(), p.message.clone()))
-            .collect();
+    /// The memory a new leader starts with: this, and each pod's last explanation (from the
+    /// status' `pending` list, [`crate::status::explained`]: so the events already recorded are
+    /// not recorded again).
+    pub fn restore(self, explained: BTreeMap<String, String>) -> Restored {
         Restored {
             state: State {
                 unneeded_since: self.unneeded_since,

@@ -86,6 +86,16 @@ pub struct PendingStatus {
     pub message: String,
 }
 
+/// The pods whose explanation a pass recorded as an event, with that explanation: what a new
+/// leader's memory starts from ([`crate::memory::Remembered::restore`]).
+pub fn explained(pending: &[PendingStatus]) -> std::collections::BTreeMap<String, String> {
+    pending
+        .iter()
+        .filter(|p| matches!(p.plan.as_str(), "new-node" | "in-flight" | "unschedulable"))
+        .map(|p| (p.pod.clone(), p.message.clone()))
+        .collect()
+}
+
 fn offers(t: &crate::model::NodeTemplate) -> String {
     let mut parts = Vec::new();
     if t.gpus > 0 {

@@ -424,7 +424,7 @@ async fn recall(ctx: &Ctx, memory: &mut Memory) -> Result<(), ControllerError> {
     let (remembered, pending) = previous.as_ref().map_or_else(Default::default, |s| {
         (s.memory.clone().unwrap_or_default(), s.pending.as_slice())
     });
-    let r = remembered.restore(pending);
+    let r = remembered.restore(gpuops_autoscale::status::explained(pending));
     tracing::info!(
         unneeded = r.state.unneeded_since.len(),
         backed_off = r.state.backoff.len(),

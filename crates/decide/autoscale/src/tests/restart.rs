@@ -37,7 +37,11 @@ impl Replica {
     fn failover(&self) -> Replica {
         let text = serde_json::to_string_pretty(self.published.as_ref().unwrap()).unwrap();
         let st: Status = serde_json::from_str(&text).unwrap();
-        let r = st.memory.clone().unwrap().restore(&st.pending);
+        let r = st
+            .memory
+            .clone()
+            .unwrap()
+            .restore(crate::status::explained(&st.pending));
         Replica {
             state: r.state,
             seen: r.seen,
