@@ -23,8 +23,8 @@ mod checkpoint;
 mod error;
 mod locks;
 mod preparer;
-pub mod regproxy;
 mod registration;
+pub mod regproxy;
 mod service;
 mod supervisor;
 
