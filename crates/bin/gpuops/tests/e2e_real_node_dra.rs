@@ -11,67 +11,15 @@
 
 mod common;
 
+use common::real_node::{figure, image, node_address, repo};
+
 use gpuops_testbed::{Cluster, ClusterOptions, RealNode, RealNodeOptions, wait_until};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const NAMESPACE: &str = "gpuops";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..")
-}
-
-/// GPUOPS_IMAGE / GPUOPS_IMAGE_REF when set, else scripts/image packing this build of gpuops.
-fn image() -> (PathBuf, String) {
-    if let (Some(file), Some(r)) = (
-        std::env::var_os("GPUOPS_IMAGE"),
-        std::env::var("GPUOPS_IMAGE_REF").ok(),
-    ) {
-        return (PathBuf::from(file), r);
-    }
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_gpuops"));
-    let dir = bin.parent().unwrap();
-    let sim = [dir.join("libnvml_sim.so"), dir.join("deps/libnvml_sim.so")]
-        .into_iter()
-        .filter(|p| p.is_file())
-        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-        .expect("libnvml_sim.so next to the gpuops test binary");
-    let out = Command::new(repo().join("scripts/image"))
-        .arg("--binary")
-        .arg(&bin)
-        .arg("--sim-lib")
-        .arg(&sim)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running scripts/image");
-    assert!(out.status.success(), "scripts/image failed");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let get = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")))
-            .unwrap_or_else(|| panic!("scripts/image printed no {k}: {text}"))
-            .to_string()
-    };
-    (PathBuf::from(get("GPUOPS_IMAGE")), get("GPUOPS_IMAGE_REF"))
-}
-
-fn figure(name: &str, value: impl std::fmt::Display) {
-    println!("FIGURE {name}: {value}");
-}
-
-fn node_address(cluster: &Cluster, node: &str) -> String {
-    let json = cluster.get_json(&["node", node]).unwrap();
-    json["status"]["addresses"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|a| a["type"] == "InternalIP")
-        .and_then(|a| a["address"].as_str())
-        .map(str::to_string)
-        .unwrap_or_else(|| panic!("node {node} has no InternalIP: {}", json["status"]))
-}
 
 /// Fields drop in order: the node goes before the cluster.
 struct Bed {

@@ -1,6 +1,8 @@
 //! What the binary's end-to-end tests share: running `gpuops` isolated from the developer's setup.
 #![allow(dead_code)] // each test file uses a different part
 
+pub mod real_node;
+
 use std::process::{Command, Output};
 
 /// The `gpuops` binary with no inherited simulator, library, node or mig-parted settings.
