@@ -387,25 +387,6 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> String {
     out
 }
 
-/// `helm ARGS` with Helm's own files under the test bed; stdout.
-fn helm(cluster: &Cluster, args: &[&str]) -> String {
-    let home = cluster.dir().join("helm-home");
-    let out = std::process::Command::new(cluster.bin().join("helm"))
-        .args(args)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "helm {args:?}:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// A kubeconfig with a token of ServiceAccount `gpuops/name` from the TokenRequest API.
 fn service_account_kubeconfig(cluster: &Cluster, name: &str) -> std::path::PathBuf {
     let token = cluster
@@ -437,10 +418,8 @@ fn the_charts_scheduler_binds_through_the_extender_and_holds_its_own_lease() {
     .unwrap();
     let chart =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../deploy/helm/gpuops");
-    let kubeconfig = cluster.kubeconfig();
-    helm(
-        &cluster,
-        &[
+    cluster
+        .helm(&[
             "install",
             "gpuops",
             chart.to_str().unwrap(),
@@ -449,10 +428,8 @@ fn the_charts_scheduler_binds_through_the_extender_and_holds_its_own_lease() {
             "--create-namespace",
             "--set",
             "extender.enabled=true",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-        ],
-    );
+        ])
+        .unwrap();
     // What Helm installed, as the apiserver stored it.
     let cm = cluster
         .get_json(&["configmap", "gpuops-scheduler", "-n", "gpuops"])

@@ -57,23 +57,18 @@ fn docs(text: &str) -> Vec<Value> {
 
 fn helm_template(cluster: &Cluster, values: &Path) -> Vec<Value> {
     let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../deploy/helm/gpuops");
-    let home = cluster.dir().join("helm-home");
-    let out = Command::new(cluster.bin().join("helm"))
-        .args(["template", "gpuops"])
-        .arg(&chart)
-        .args(["--namespace", "gpuops", "-f"])
-        .arg(values)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()
+    let out = cluster
+        .helm(&[
+            "template",
+            "gpuops",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "gpuops",
+            "-f",
+            values.to_str().unwrap(),
+        ])
         .unwrap();
-    assert!(
-        out.status.success(),
-        "helm template failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    docs(&String::from_utf8_lossy(&out.stdout))
+    docs(&out)
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str, suffix: &str) -> &'a Value {

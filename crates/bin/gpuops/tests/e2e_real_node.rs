@@ -81,25 +81,7 @@ impl Bed {
     }
 
     fn helm(&self, args: &[&str]) -> String {
-        let home = self.cluster.dir().join("helm-home");
-        let out = Command::new(self.cluster.bin().join("helm"))
-            .args(args)
-            .arg(format!(
-                "--kubeconfig={}",
-                self.cluster.kubeconfig().display()
-            ))
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_DATA_HOME", home.join("data"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "helm {args:?} failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.cluster.helm(args).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `helm install` of the chart with this bed's image, sim state and kubeconfig, plus `extra`

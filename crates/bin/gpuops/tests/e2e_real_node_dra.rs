@@ -29,24 +29,8 @@ struct Bed {
 
 impl Bed {
     fn helm(&self, args: &[String]) {
-        let home = self.cluster.dir().join("helm-home");
-        let out = Command::new(self.cluster.bin().join("helm"))
-            .args(args)
-            .arg(format!(
-                "--kubeconfig={}",
-                self.cluster.kubeconfig().display()
-            ))
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_DATA_HOME", home.join("data"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "helm {args:?} failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.cluster.helm(&args).unwrap_or_else(|e| panic!("{e}"));
     }
 
     fn report(&self) -> String {

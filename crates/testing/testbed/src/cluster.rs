@@ -348,6 +348,35 @@ impl Cluster {
         &self.bin
     }
 
+    /// `helm ARGS` against this cluster as the admin, with Helm's cache, config and data under
+    /// the bed's directory (the user's own Helm setup is neither read nor changed); stdout on
+    /// success, both outputs in the error.
+    pub fn helm(&self, args: &[&str]) -> Result<String, BedError> {
+        let home = self.dir().join("helm-home");
+        let out = std::process::Command::new(self.bin.join("helm"))
+            .args(args)
+            .arg(format!("--kubeconfig={}", self.kubeconfig().display()))
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .output()
+            .map_err(|e| BedError::Spawn {
+                what: "helm".into(),
+                source: e,
+            })?;
+        if !out.status.success() {
+            return Err(BedError::Helm {
+                args: args.join(" "),
+                message: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// `kubectl ARGS` as the admin; stdout on success.
     pub fn kubectl(&self, args: &[&str]) -> Result<String, BedError> {
         self.kubectl_as(ADMIN, args)

@@ -80,6 +80,8 @@ pub enum BedError {
     },
     #[error("kubectl {args}: {message}")]
     Kubectl { args: String, message: String },
+    #[error("helm {args} failed:\n{message}")]
+    Helm { args: String, message: String },
     #[error("{what}: {message}")]
     Manifest { what: String, message: String },
     #[error("timed out after {seconds}s waiting for {what}")]
