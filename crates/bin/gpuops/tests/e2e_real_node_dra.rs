@@ -313,44 +313,10 @@ fn a_claim_from_a_template_gets_exactly_its_gpu_through_the_agents_dra_driver() 
     // A pod with a claim from a template of class gpu.nvidia.com.
     let t0 = Instant::now();
     bed.cluster
-        .apply(&format!(
-            r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: one-gpu
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.nvidia.com
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: claimer
-spec:
-  terminationGracePeriodSeconds: 1
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: one-gpu
-  containers:
-  - name: model
-    image: {image}
-    imagePullPolicy: Never
-    command: ["sh", "-c", "ls /dev; exec sleep 3600"]
-    resources:
-      claims:
-      - name: gpu
-"#,
-            image = bed.node.images().busybox_ref
-        ))
+        .apply(&template_pod(&bed, "claimer", "gpu.nvidia.com", None))
         .unwrap();
     bed.wait("the claiming pod Running", 120, || {
-        bed.cluster
-            .kubectl(&["get", "pod", "claimer", "-o", "jsonpath={.status.phase}"])
-            .is_ok_and(|p| p == "Running")
+        phase(&bed, "claimer") == "Running"
     });
     figure(
         "pod with a claim created -> Running through DRA (s)",
@@ -372,18 +338,8 @@ spec:
     let minor: u32 = device.strip_prefix("gpu-").unwrap().parse().unwrap();
 
     // Exactly its GPU: one /dev/nvidiaN, the allocated one.
-    let dev = bed
-        .cluster
-        .kubectl(&["exec", "claimer", "--", "ls", "/dev"])
-        .unwrap();
-    let gpus: Vec<&str> = dev
-        .split_whitespace()
-        .filter(|n| {
-            n.strip_prefix("nvidia")
-                .is_some_and(|m| !m.is_empty() && m.chars().all(|c| c.is_ascii_digit()))
-        })
-        .collect();
-    assert_eq!(gpus, [format!("nvidia{minor}")], "{dev}");
+    let gpus = gpus_seen(&bed, "claimer");
+    assert_eq!(gpus, [format!("nvidia{minor}")], "{gpus:?}");
     let spec = bed
         .node
         .cdi_spec_dir()
@@ -437,43 +393,8 @@ fn a_cel_selector_on_product_name_and_an_unchanged_nvidia_gpu_pod_are_served_thr
     let (bed, _) = start(&["dra.extendedResourceName=nvidia.com/gpu"]);
     bed.wait("the node's ResourceSlice", 120, || !bed.slices().is_empty());
     let image = bed.node.images().busybox_ref.clone();
-    let claimer = |name: &str, expression: &str| {
-        format!(
-            r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: {name}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.nvidia.com
-          selectors:
-          - cel:
-              expression: "{expression}"
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-spec:
-  terminationGracePeriodSeconds: 1
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: {name}
-  containers:
-  - name: model
-    image: {image}
-    imagePullPolicy: Never
-    command: ["sh", "-c", "exec sleep 3600"]
-    resources:
-      claims:
-      - name: gpu
-"#
-        )
-    };
+    let claimer =
+        |name: &str, expression: &str| template_pod(&bed, name, "gpu.nvidia.com", Some(expression));
     // A selector NVIDIA's users write: the product name. L4 matches; H100 matches nothing here.
     bed.cluster
         .apply(&claimer(
@@ -569,41 +490,11 @@ fn after_a_mig_change_the_slice_offers_only_the_mig_devices_and_a_claim_by_profi
         format!("{:.1}", t0.elapsed().as_secs_f64()),
     );
     bed.cluster
-        .apply(&format!(
-            r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: one-mig
-spec:
-  spec:
-    devices:
-      requests:
-      - name: mig
-        exactly:
-          deviceClassName: mig.nvidia.com
-          selectors:
-          - cel:
-              expression: "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: mig
-spec:
-  terminationGracePeriodSeconds: 1
-  resourceClaims:
-  - name: mig
-    resourceClaimTemplateName: one-mig
-  containers:
-  - name: model
-    image: {image}
-    imagePullPolicy: Never
-    command: ["sh", "-c", "exec sleep 3600"]
-    resources:
-      claims:
-      - name: mig
-"#,
-            image = bed.node.images().busybox_ref
+        .apply(&template_pod(
+            &bed,
+            "mig",
+            "mig.nvidia.com",
+            Some("device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"),
         ))
         .unwrap();
     bed.wait("the MIG pod Running", 120, || {
@@ -724,9 +615,15 @@ spec:
 /// A template `name` of one `mig.nvidia.com` device with [`HALF_A_GPU`] and a pod `name` with
 /// a claim from it.
 fn half_a_gpu_pod(bed: &Bed, name: &str) -> String {
+    template_pod(bed, name, "mig.nvidia.com", Some(HALF_A_GPU))
+}
+
+/// A ResourceClaimTemplate `name` of `class` (with a CEL selector) and a pod `name` holding a
+/// claim from it.
+fn template_pod(bed: &Bed, name: &str, class: &str, expression: Option<&str>) -> String {
     format!(
         "{}---\n{}",
-        claim_template(name, "mig.nvidia.com", Some(HALF_A_GPU)),
+        claim_template(name, class, expression),
         claim_pod(bed, name, &format!("resourceClaimTemplateName: {name}"))
     )
 }
